@@ -1,0 +1,230 @@
+package p35guard
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"dnsproxi/guard"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Exercise 1 (predict): rate=10, burst=5, idle for 1 s — how many queries pass in a row?
+// Answer: 5. One idle second earns 10 tokens, but the bucket holds at most burst=5.
+func TestExercise1BurstCap(t *testing.T) {
+	clock := guard.NewManualClock(t0)
+	b := guard.NewTokenBucket(10, 5, clock)
+	clock.Advance(time.Second)
+	inARow := 0
+	for b.Allow(1) {
+		inARow++
+		if inARow > 100 {
+			t.Fatal("the bucket never ran dry")
+		}
+	}
+	if inARow != 5 {
+		t.Fatalf("%d in a row, want 5 (the burst caps what idling earns)", inARow)
+	}
+}
+
+// Exercise 2 (predict): MinSamples=20, threshold 50% — do 19 straight failures open the breaker?
+// Answer: no. Below MinSamples the ratio is not trusted; the 20th failure opens it.
+func TestExercise2TooFewSamples(t *testing.T) {
+	b := guard.NewBreaker(guard.BreakerConfig{MinSamples: 20, FailThreshold: 0.5}, guard.NewManualClock(t0))
+	for range 19 {
+		if err := b.Allow(); err != nil {
+			t.Fatalf("refused before the 20th sample: %v", err)
+		}
+		b.MarkFailure()
+	}
+	if b.State() != guard.Closed {
+		t.Fatalf("19 failures: %v, want closed", b.State())
+	}
+	_ = b.Allow()
+	b.MarkFailure()
+	if b.State() != guard.Open {
+		t.Fatalf("20 failures: %v, want open", b.State())
+	}
+}
+
+// Exercise 3 (observe): advance the manual clock by 200 ms, then sleep 200 ms for real.
+// Answer: the manual clock moves 200 ms in next to no real time, the sleep costs 200 ms of
+// real time. That is why every guard test runs on the manual clock. (This drill sleeps on
+// purpose: the sleep is what it shows.)
+func TestExercise3ManualVersusReal(t *testing.T) {
+	clock := guard.NewManualClock(t0)
+	start := time.Now()
+	clock.Advance(200 * time.Millisecond)
+	manualReal := time.Since(start)
+	if got := clock.Now().Sub(t0); got != 200*time.Millisecond {
+		t.Fatalf("manual clock moved %v, want 200ms", got)
+	}
+	start = time.Now()
+	time.Sleep(200 * time.Millisecond)
+	slept := time.Since(start)
+	if slept < 200*time.Millisecond {
+		t.Fatalf("slept only %v", slept)
+	}
+	t.Logf("advance(200ms) took %v of real time; sleep(200ms) took %v", manualReal, slept)
+}
+
+// Exercise 4 (extend): Take(ctx) blocks until one token is there.
+// Answer: with an empty bucket at 10/s, Take returns after exactly 100 ms of clock time
+// and not a nanosecond before.
+func TestExercise4TakeBlocks(t *testing.T) {
+	clock := guard.NewManualClock(t0)
+	b := guard.NewTokenBucket(10, 1, clock)
+	if !b.Allow(1) {
+		t.Fatal("a new bucket should start full")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a safety net
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Take(ctx) }()
+	if err := clock.BlockUntilWaiters(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(99 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("Take returned before a token was earned")
+	default:
+	}
+	clock.Advance(time.Millisecond)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Take still blocked after the token was earned")
+	}
+}
+
+// Exercise 5 (extend): OnStateChange — what does the callback get when half-open closes?
+// Answer: from=HalfOpen, to=Closed, and State() inside the callback already says Closed.
+func TestExercise5CallbackOnClose(t *testing.T) {
+	clock := guard.NewManualClock(t0)
+	b := guard.NewBreaker(guard.BreakerConfig{MinSamples: 1, CoolOff: time.Second}, clock)
+	type change struct{ from, to, seen guard.State }
+	var changes []change
+	b.OnStateChange(func(from, to guard.State) { changes = append(changes, change{from, to, b.State()}) })
+	_ = b.Allow()
+	b.MarkFailure() // closed → open
+	clock.Advance(time.Second)
+	_ = b.Allow()   // open → half-open: the probe
+	b.MarkSuccess() // half-open → closed
+	if len(changes) != 3 {
+		t.Fatalf("%d transitions, want 3: %v", len(changes), changes)
+	}
+	if got, want := changes[2], (change{guard.HalfOpen, guard.Closed, guard.Closed}); got != want {
+		t.Fatalf("closing callback got %+v, want %+v", got, want)
+	}
+}
+
+// Exercise 6 (benchmark): MarkFailure from every core vs Allow on one.
+// Run: go test -bench Exercise6 ./exercises/p35guard/
+// Answer: both take the breaker's one mutex for a few nanoseconds; under RunParallel the
+// lock is contended, so ns/op stays close to the single-goroutine figure instead of
+// halving on two cores. The lock, not the arithmetic, is the cost.
+func BenchmarkExercise6(b *testing.B) {
+	b.Run("Allow", func(b *testing.B) {
+		br := guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{})
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = br.Allow()
+		}
+	})
+	b.Run("MarkFailure-parallel", func(b *testing.B) {
+		br := guard.NewBreaker(guard.BreakerConfig{FailThreshold: 1}, guard.RealClock{})
+		br.MarkSuccess() // one success: 100% can never be reached, so it never trips
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				br.MarkFailure()
+			}
+		})
+	})
+}
+
+// Exercise 7 (experiment): 100 replicas, each with its own breaker, call one shared
+// upstream every 100 ms of simulated time. When does each replica trip, with a
+// threshold of 50% and of 100%?
+// Answer: in a total outage both thresholds trip every replica at the 20th call (2 s,
+// MinSamples). In a brownout where 70% of calls fail, 50% still trips every replica at the
+// 20th call, while 100% never trips: a 100% breaker protects only against a total outage.
+func TestExercise7Replicas(t *testing.T) {
+	const replicas, calls = 100, 300 // 30 s of simulated time per replica
+	tests := []struct {
+		name       string
+		failPer10  int // the upstream fails this many calls in every 10
+		threshold  float64
+		wantTripAt time.Duration // every replica trips by then; 0: none trips
+	}{
+		{"outage, 50%", 10, 0.5, 2 * time.Second},
+		{"outage, 100%", 10, 1.0, 2 * time.Second},
+		{"brownout 70%, 50%", 7, 0.5, 2 * time.Second},
+		{"brownout 70%, 100%", 7, 1.0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := sharedUpstream{failPer10: tt.failPer10}
+			trips := make(chan time.Duration, replicas) // -1: never tripped
+			for r := range replicas {
+				go func() { trips <- runReplica(r, up, tt.threshold, calls) }()
+			}
+			tripped, latest := 0, time.Duration(0)
+			for range replicas {
+				at := <-trips
+				if at >= 0 {
+					tripped++
+					latest = max(latest, at)
+				}
+			}
+			t.Logf("%s: %d of %d replicas tripped, the last at %v of simulated time", tt.name, tripped, replicas, latest)
+			switch {
+			case tt.wantTripAt == 0 && tripped != 0:
+				t.Fatalf("%d replicas tripped, want none", tripped)
+			case tt.wantTripAt > 0 && (tripped != replicas || latest > tt.wantTripAt):
+				t.Fatalf("%d replicas tripped by %v, want all %d by %v", tripped, latest, replicas, tt.wantTripAt)
+			}
+		})
+	}
+}
+
+// sharedUpstream fails a fixed share of calls. Whether call seq of replica r
+// fails is fixed, so every run of the experiment sees the same upstream.
+type sharedUpstream struct{ failPer10 int }
+
+var errUpstream = errors.New("upstream failed")
+
+func (u sharedUpstream) call(replica, seq int) error {
+	if (seq*7+replica*3)%10 < u.failPer10 {
+		return errUpstream
+	}
+	return nil
+}
+
+// runReplica calls the upstream every 100 ms of its own simulated time and
+// returns when its breaker first opened, or -1.
+func runReplica(id int, up sharedUpstream, threshold float64, calls int) time.Duration {
+	clock := guard.NewManualClock(t0)
+	b := guard.NewBreaker(guard.BreakerConfig{MinSamples: 20, FailThreshold: threshold}, clock)
+	for seq := range calls {
+		clock.Advance(100 * time.Millisecond)
+		if b.Allow() != nil {
+			continue
+		}
+		if err := up.call(id, seq); err != nil {
+			b.MarkFailure()
+		} else {
+			b.MarkSuccess()
+		}
+		if b.State() == guard.Open {
+			return clock.Now().Sub(t0)
+		}
+	}
+	return -1
+}

@@ -1,0 +1,311 @@
+package guard
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func newTestBreaker(t *testing.T, cfg BreakerConfig) (*Breaker, *ManualClock) {
+	t.Helper()
+	clock := NewManualClock(t0)
+	return NewBreaker(cfg, clock), clock
+}
+
+// call lets one call through the simple API and reports it; it fails the
+// test if the breaker refused.
+func call(t *testing.T, b *Breaker, failed bool) {
+	t.Helper()
+	if err := b.Allow(); err != nil {
+		t.Fatalf("Allow in state %v = %v, want nil", b.State(), err)
+	}
+	if failed {
+		b.MarkFailure()
+	} else {
+		b.MarkSuccess()
+	}
+}
+
+// trip drives a fresh breaker to Open with failures only.
+func trip(t *testing.T, b *Breaker) {
+	t.Helper()
+	for range b.Config().MinSamples {
+		call(t, b, true)
+	}
+	if b.State() != Open {
+		t.Fatalf("after %d failures state = %v, want open", b.Config().MinSamples, b.State())
+	}
+}
+
+func TestBreakerTrips(t *testing.T) {
+	tests := []struct {
+		name     string
+		cfg      BreakerConfig
+		outcomes string // S success, F failure, in order
+		want     State
+	}{
+		{"2 successes + 2 failures at MinSamples=4, 50%", BreakerConfig{MinSamples: 4, FailThreshold: 0.5}, "SSFF", Open},
+		{"the ratio is checked on a success too", BreakerConfig{MinSamples: 4, FailThreshold: 0.5}, "FFSS", Open},
+		{"19 failures with MinSamples=20 do not trip", BreakerConfig{MinSamples: 20, FailThreshold: 0.5}, "FFFFFFFFFFFFFFFFFFF", Closed},
+		{"the 20th failure trips", BreakerConfig{MinSamples: 20, FailThreshold: 0.5}, "FFFFFFFFFFFFFFFFFFFF", Open},
+		{"below the threshold stays closed", BreakerConfig{MinSamples: 4, FailThreshold: 0.5}, "SSSFSF", Closed},
+		{"threshold 30% is exact at 3 of 10", BreakerConfig{MinSamples: 10, FailThreshold: 0.3}, "SSSSSSSFFF", Open},
+		{"100% needs every outcome to fail", BreakerConfig{MinSamples: 4, FailThreshold: 1}, "FFFSFFF", Closed},
+		{"old outcomes leave the window", BreakerConfig{Window: 4, MinSamples: 4, FailThreshold: 0.75}, "FFSSSSFF", Closed},
+		{"the window slides onto failures", BreakerConfig{Window: 4, MinSamples: 4, FailThreshold: 0.75}, "SSSSFFF", Open},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _ := newTestBreaker(t, tt.cfg)
+			for _, o := range tt.outcomes {
+				call(t, b, o == 'F')
+			}
+			if got := b.State(); got != tt.want {
+				t.Fatalf("after %s: state %v, want %v", tt.outcomes, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBreakerOpenRefusesUntilCoolOff(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: 5 * time.Second})
+	trip(t, b)
+	for _, at := range []time.Duration{0, time.Second, 4999 * time.Millisecond} {
+		clock.Set(t0.Add(at))
+		if err := b.Allow(); !errors.Is(err, ErrOpen) {
+			t.Fatalf("Allow %v after the trip = %v, want ErrOpen", at, err)
+		}
+	}
+	clock.Set(t0.Add(5 * time.Second))
+	if err := b.Allow(); err != nil {
+		t.Fatalf("Allow after the cool-off = %v, want the probe let through", err)
+	}
+	if b.State() != HalfOpen {
+		t.Fatalf("state = %v, want half-open", b.State())
+	}
+}
+
+func TestBreakerHalfOpenAdmitsOneProbe(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+	trip(t, b)
+	clock.Advance(time.Second)
+	if err := b.Allow(); err != nil {
+		t.Fatalf("first Allow after the cool-off = %v", err)
+	}
+	for i := range 10 {
+		if err := b.Allow(); !errors.Is(err, ErrOpen) {
+			t.Fatalf("Allow %d while the probe is out = %v, want ErrOpen", i, err)
+		}
+	}
+}
+
+func TestBreakerProbeOutcome(t *testing.T) {
+	t.Run("success closes with a cleared window", func(t *testing.T) {
+		b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+		trip(t, b)
+		clock.Advance(time.Second)
+		call(t, b, false)
+		if b.State() != Closed {
+			t.Fatalf("state = %v, want closed", b.State())
+		}
+		for range 3 { // the window was cleared: 3 failures are below MinSamples again
+			call(t, b, true)
+		}
+		if b.State() != Closed {
+			t.Fatalf("3 failures after closing tripped it: the window was not cleared")
+		}
+		call(t, b, true)
+		if b.State() != Open {
+			t.Fatalf("4 failures after closing: state %v, want open", b.State())
+		}
+	})
+	t.Run("failure re-opens and restarts the cool-off", func(t *testing.T) {
+		b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+		trip(t, b)
+		clock.Advance(time.Second)
+		call(t, b, true)
+		if b.State() != Open {
+			t.Fatalf("state = %v, want open", b.State())
+		}
+		clock.Advance(999 * time.Millisecond)
+		if err := b.Allow(); !errors.Is(err, ErrOpen) {
+			t.Fatalf("Allow before the new cool-off ended = %v, want ErrOpen", err)
+		}
+		clock.Advance(time.Millisecond)
+		if err := b.Allow(); err != nil {
+			t.Fatalf("Allow after the new cool-off = %v, want a probe", err)
+		}
+	})
+}
+
+// Hazard 1: a call admitted before the trip reports while the probe is out.
+func TestBreakerLateResultDoesNotDecideProbe(t *testing.T) {
+	for _, late := range []struct {
+		name   string
+		report func(Permit)
+	}{{"late success", Permit.Success}, {"late failure", Permit.Failure}} {
+		t.Run(late.name, func(t *testing.T) {
+			b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+			slow, err := b.Acquire() // admitted while closed, answers much later
+			if err != nil {
+				t.Fatal(err)
+			}
+			trip(t, b)
+			clock.Advance(time.Second)
+			probe, err := b.Acquire()
+			if err != nil {
+				t.Fatalf("probe refused: %v", err)
+			}
+			late.report(slow)
+			if b.State() != HalfOpen {
+				t.Fatalf("a late result moved the breaker to %v; it must wait for the probe", b.State())
+			}
+			probe.Success()
+			if b.State() != Closed {
+				t.Fatalf("after the probe's success: %v, want closed", b.State())
+			}
+			late.report(slow) // reporting twice, or into the next generation, changes nothing either
+			if b.State() != Closed {
+				t.Fatalf("a stale result reached the new closed window")
+			}
+		})
+	}
+}
+
+// Hazard 2: a probe whose result never comes back.
+func TestBreakerLostProbeDoesNotWedge(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+	trip(t, b)
+	clock.Advance(time.Second)
+	lost, err := b.Acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(999 * time.Millisecond)
+	if err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("within the probe's deadline: %v, want ErrOpen", err)
+	}
+	clock.Advance(time.Millisecond) // the probe is now CoolOff old: counted as failed
+	if err := b.Allow(); !errors.Is(err, ErrOpen) || b.State() != Open {
+		t.Fatalf("lost probe: Allow = %v, state %v; want ErrOpen and open with a fresh cool-off", err, b.State())
+	}
+	lost.Success() // its answer finally arrives: too late to count
+	if b.State() != Open {
+		t.Fatalf("the lost probe's late answer moved the breaker to %v", b.State())
+	}
+	clock.Advance(time.Second)
+	call(t, b, false)
+	if b.State() != Closed {
+		t.Fatalf("a new probe after the fresh cool-off should close it; state %v", b.State())
+	}
+}
+
+func TestBreakerOnStateChangeOrder(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+	var got []string
+	b.OnStateChange(func(from, to State) {
+		// The callback may read the state: no deadlock, and it sees where it landed.
+		if s := b.State(); s != to {
+			t.Errorf("State() inside the callback = %v, want %v", s, to)
+		}
+		got = append(got, from.String()+"→"+to.String())
+	})
+	trip(t, b)                 // closed → open
+	clock.Advance(time.Second) //
+	call(t, b, true)           // open → half-open → open
+	clock.Advance(time.Second)
+	call(t, b, false) // open → half-open → closed
+	want := []string{"closed→open", "open→half-open", "half-open→open", "open→half-open", "half-open→closed"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestBreakerOnStateChangeReentrant(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 1, CoolOff: time.Second})
+	var got []State
+	b.OnStateChange(func(from, to State) {
+		got = append(got, to)
+		if to == Open {
+			clock.Advance(time.Second)
+			_ = b.Allow() // moves to half-open from inside the callback
+		}
+	})
+	call(t, b, true)
+	if want := []State{Open, HalfOpen}; !slices.Equal(got, want) {
+		t.Fatalf("transitions %v, want %v, in order", got, want)
+	}
+}
+
+func TestBreakerConcurrent(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{Window: 50, MinSamples: 10, CoolOff: time.Millisecond})
+	var mu sync.Mutex
+	last := Closed
+	b.OnStateChange(func(from, to State) {
+		mu.Lock()
+		defer mu.Unlock()
+		if from != last {
+			t.Errorf("transition %v→%v does not start where the last one ended (%v)", from, to, last)
+		}
+		last = to
+	})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				p, err := b.Acquire()
+				if i%100 == 0 {
+					clock.Advance(time.Millisecond)
+				}
+				if err != nil {
+					continue
+				}
+				if (i+g)%3 == 0 {
+					p.Failure()
+				} else {
+					p.Success()
+				}
+				if i%7 == 0 {
+					_ = b.Allow()
+					b.MarkSuccess()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if s := b.State(); s != last {
+		t.Fatalf("final state %v, but the last transition seen ended in %v", s, last)
+	}
+}
+
+func TestNewBreakerDefaultsAndRejects(t *testing.T) {
+	b := NewBreaker(BreakerConfig{}, nil)
+	want := BreakerConfig{Window: 100, MinSamples: 20, FailThreshold: 0.5, CoolOff: 5 * time.Second}
+	if got := b.Config(); got != want {
+		t.Fatalf("defaults = %+v, want %+v", got, want)
+	}
+	for _, cfg := range []BreakerConfig{
+		{Window: -1}, {Window: 10, MinSamples: 11}, {FailThreshold: 1.5}, {FailThreshold: -0.1}, {CoolOff: -time.Second},
+	} {
+		t.Run("", func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatalf("NewBreaker(%+v) did not panic", cfg)
+				}
+			}()
+			NewBreaker(cfg, nil)
+		})
+	}
+}
+
+func TestStateString(t *testing.T) {
+	for s, want := range map[State]string{Closed: "closed", HalfOpen: "half-open", Open: "open", State(7): "State(7)"} {
+		if s.String() != want {
+			t.Errorf("%d.String() = %q, want %q", int(s), s.String(), want)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+package guard
+
+// The token bucket, as the chapter states it:
+//
+//   - The bucket holds at most burst tokens and starts full.
+//   - Tokens come back at rate per second. The refill is lazy: every call
+//     first adds elapsed×rate, capped at burst, so an idle bucket costs
+//     nothing and no goroutine or timer runs for it.
+//   - Allow(n) takes n tokens now or refuses, taking none.
+//   - WaitN(ctx, n) takes n tokens now even if that drives the balance below
+//     zero (debt), then waits until the debt is paid. If ctx ends first the
+//     tokens are given back.
+//   - A clock that steps backwards never mints tokens: elapsed time is
+//     counted from the new reading.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// ErrExceedsBurst is returned by WaitN when n is more than the bucket can ever hold.
+var ErrExceedsBurst = errors.New("guard: request exceeds the bucket's burst")
+
+// TokenBucket is a rate limiter: rate tokens per second, at most burst at once.
+// It is safe for concurrent use. Build it with NewTokenBucket.
+type TokenBucket struct {
+	mu     sync.Mutex
+	tokens float64   // may be negative while WaitN callers are in debt
+	last   time.Time // the reading up to which tokens were refilled
+
+	rate  float64 // tokens per second
+	burst float64
+	clock Clock
+	real  bool // clock is RealClock: call time.Now directly, no interface call
+}
+
+// NewTokenBucket returns a full bucket that refills at rate tokens per second
+// up to burst tokens, reading time from c (RealClock{} in production).
+// It panics if rate <= 0 or burst < 1; callers validate configuration first.
+func NewTokenBucket(rate float64, burst int, c Clock) *TokenBucket {
+	if !(rate > 0) {
+		panic(fmt.Sprintf("guard: token bucket rate must be > 0, got %v", rate))
+	}
+	if burst < 1 {
+		panic(fmt.Sprintf("guard: token bucket burst must be >= 1, got %d", burst))
+	}
+	if c == nil {
+		c = RealClock{}
+	}
+	_, real := c.(RealClock)
+	return &TokenBucket{
+		tokens: float64(burst),
+		last:   c.Now(),
+		rate:   rate,
+		burst:  float64(burst),
+		clock:  c,
+		real:   real,
+	}
+}
+
+// Rate returns the refill rate in tokens per second.
+func (b *TokenBucket) Rate() float64 { return b.rate }
+
+// Burst returns the bucket's capacity.
+func (b *TokenBucket) Burst() int { return int(b.burst) }
+
+func (b *TokenBucket) now() time.Time {
+	if b.real {
+		return time.Now()
+	}
+	return b.clock.Now()
+}
+
+// Allow takes n tokens if the bucket holds them and reports whether it did.
+// A refused call takes nothing. n greater than the burst is always refused.
+func (b *TokenBucket) Allow(n int) bool {
+	now := b.now() // read outside the lock: the clock can be the slow part
+	need := float64(n)
+	b.mu.Lock()
+	b.refill(now)
+	ok := b.tokens >= need
+	if ok {
+		b.tokens -= need
+	}
+	b.mu.Unlock()
+	return ok
+}
+
+// Tokens returns the balance now, negative while callers are in debt.
+func (b *TokenBucket) Tokens() float64 {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	return b.tokens
+}
+
+// WaitN takes n tokens now, going into debt if it must, and blocks until the
+// debt is paid. If ctx ends first, or its deadline falls before the debt can
+// be paid, the n tokens are given back and the error says why.
+// n greater than the burst returns ErrExceedsBurst at once.
+func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	need := float64(n)
+	if need > b.burst {
+		return fmt.Errorf("%w: %d > %d", ErrExceedsBurst, n, int(b.burst))
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := b.now()
+	b.mu.Lock()
+	b.refill(now)
+	b.tokens -= need
+	wait := b.debtWait()
+	b.mu.Unlock()
+	if wait == 0 {
+		return nil
+	}
+	// A context deadline is a wall-clock time; only the real clock can be compared with it.
+	if deadline, ok := ctx.Deadline(); ok && b.real && deadline.Before(now.Add(wait)) {
+		b.giveBack(need)
+		return fmt.Errorf("guard: waiting %v for %d tokens would pass the context's deadline: %w",
+			wait, n, context.DeadlineExceeded)
+	}
+	select {
+	case <-after(b.clock, wait):
+		return nil
+	case <-ctx.Done():
+		b.giveBack(need)
+		return ctx.Err()
+	}
+}
+
+// Take is shorthand for WaitN(ctx, 1).
+func (b *TokenBucket) Take(ctx context.Context) error { return b.WaitN(ctx, 1) }
+
+// giveBack returns tokens taken by a WaitN that did not go through.
+func (b *TokenBucket) giveBack(n float64) {
+	now := b.now()
+	b.mu.Lock()
+	b.refill(now)
+	b.tokens = min(b.tokens+n, b.burst)
+	b.mu.Unlock()
+}
+
+// refill adds the tokens earned since b.last, capped at the burst.
+// It requires that b.mu is held.
+func (b *TokenBucket) refill(now time.Time) {
+	elapsed := now.Sub(b.last)
+	if elapsed <= 0 {
+		if elapsed < 0 {
+			b.last = now // the clock stepped back: count from here, mint nothing
+		}
+		return
+	}
+	b.last = now
+	if b.tokens >= b.burst {
+		return
+	}
+	b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.burst)
+}
+
+// debtWait is how long until a negative balance is back to zero.
+// It requires that b.mu is held.
+func (b *TokenBucket) debtWait() time.Duration {
+	if b.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(-b.tokens / b.rate * float64(time.Second)))
+}
