@@ -1,0 +1,185 @@
+// Command dnsproxi is a DNS forwarding proxy with two guard gates: a token
+// bucket that refuses traffic beyond a rate (DNS_RATE_LIMIT) and a circuit
+// breaker that stops sending to an upstream that keeps failing
+// (DNS_BREAKER_THRESHOLD). Both are off by default. Run dnsproxi -h for the
+// variables.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/dnsserver"
+	"dnsproxi/guard"
+	"dnsproxi/metrics"
+	"dnsproxi/upstream"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil))
+}
+
+// run is main without the process around it: it returns the exit code, and
+// calls ready (if set) with the running app once it is listening.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(*app)) int {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--help":
+			fmt.Fprint(stdout, usage())
+			return 0
+		default:
+			fmt.Fprintf(stderr, "dnsproxi: unexpected argument %q: it is configured through DNS_* variables (dnsproxi -h)\n", a)
+			return 2
+		}
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	a, err := newApp(cfg, guard.RealClock{}, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
+		return 1
+	}
+	if err := a.start(); err != nil {
+		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
+		return 1
+	}
+	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
+		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
+		"breaker", breakerSummary(cfg), "metrics", a.metricsURL())
+	if ready != nil {
+		ready(a)
+	}
+	<-ctx.Done()
+	log.Info("shutting down: finishing the queries in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
+	defer cancel()
+	if err := a.shutdown(sctx); err != nil {
+		log.Warn("shutdown cut short", "err", err)
+	}
+	log.Info("stopped")
+	return 0
+}
+
+func breakerSummary(cfg Config) string {
+	if cfg.BreakerThreshold == 0 {
+		return "off"
+	}
+	return fmt.Sprintf("%d%% of the last %d (min %d), cool-off %v",
+		cfg.BreakerThreshold, cfg.BreakerWindow, cfg.BreakerMinSamples, cfg.BreakerCoolOff)
+}
+
+// app is one running proxy: its gates, upstream, DNS server and metrics.
+type app struct {
+	cfg         Config
+	log         *slog.Logger
+	metrics     *metrics.Metrics
+	proxy       *proxy
+	upstream    *upstream.Upstream
+	server      *dnsserver.Server
+	metricsLn   net.Listener
+	metricsHTTP *http.Server
+}
+
+// newApp builds the proxy from cfg, reading time from clock.
+func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
+	m := metrics.New()
+	limiter, breaker := initGuard(cfg, clock)
+	if breaker != nil {
+		breaker.OnStateChange(func(from, to guard.State) {
+			m.BreakerChanges.WithLabelValues(from.String(), to.String()).Inc()
+			m.BreakerState.Set(metrics.StateValue(to.String()))
+			log.Info("breaker", "from", from.String(), "to", to.String())
+		})
+	}
+	up, err := upstream.New(upstream.Config{Addr: cfg.Upstream, Timeout: cfg.UpstreamTimeout})
+	if err != nil {
+		return nil, err
+	}
+	p := &proxy{limiter: limiter, breaker: breaker, upstream: up, metrics: m}
+	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
+	a.server = &dnsserver.Server{
+		Addr:      cfg.Listen,
+		Handler:   dns.HandlerFunc(p.handleQuery),
+		OnDropped: func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
+	}
+	return a, nil
+}
+
+// initGuard builds the gates the configuration asks for; nil means off.
+func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breaker) {
+	var limiter *guard.TokenBucket
+	if cfg.RateLimit.On() {
+		limiter = guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
+	}
+	var breaker *guard.Breaker
+	if cfg.BreakerThreshold > 0 {
+		breaker = guard.NewBreaker(guard.BreakerConfig{
+			Window:        cfg.BreakerWindow,
+			MinSamples:    cfg.BreakerMinSamples,
+			FailThreshold: float64(cfg.BreakerThreshold) / 100,
+			CoolOff:       cfg.BreakerCoolOff,
+		}, clock)
+	}
+	return limiter, breaker
+}
+
+// start binds the metrics listener and the DNS server.
+func (a *app) start() error {
+	if a.cfg.MetricsAddr != "off" {
+		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			a.upstream.Close()
+			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", a.metrics.Handler())
+		a.metricsLn = ln
+		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go a.metricsHTTP.Serve(ln)
+	}
+	if err := a.server.Start(); err != nil {
+		a.upstream.Close()
+		if a.metricsHTTP != nil {
+			a.metricsHTTP.Close()
+		}
+		return fmt.Errorf("DNS_LISTEN=%q: %v", a.cfg.Listen, err)
+	}
+	return nil
+}
+
+// metricsURL is where /metrics is served, or "off".
+func (a *app) metricsURL() string {
+	if a.metricsLn == nil {
+		return "off"
+	}
+	return "http://" + a.metricsLn.Addr().String() + "/metrics"
+}
+
+// shutdown stops taking queries, lets those in flight finish, then closes everything.
+func (a *app) shutdown(ctx context.Context) error {
+	err := a.server.Shutdown(ctx)
+	if a.metricsHTTP != nil {
+		if herr := a.metricsHTTP.Shutdown(ctx); herr != nil && !errors.Is(herr, http.ErrServerClosed) {
+			err = errors.Join(err, herr)
+		}
+	}
+	a.upstream.Close()
+	return err
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"dnsproxi/guard"
+)
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// SIGTERM while a query is in flight: the query is still answered, then run returns 0.
+func TestSIGTERMDrainsQueriesInFlight(t *testing.T) {
+	up := startUpstream(t)
+	release := make(chan struct{})
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		<-release
+		b, _ := answerFor(req).Pack()
+		return [][]byte{b}
+	})
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off"})
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM) // as main does
+	defer stop()
+	ready := make(chan *app, 1)
+	exit := make(chan int, 1)
+	var logs syncBuffer
+	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(a *app) { ready <- a }) }()
+	var a *app
+	select {
+	case a = <-ready:
+	case code := <-exit:
+		t.Fatalf("run exited %d before listening: %s", code, logs.String())
+	}
+
+	answer := make(chan *dns.Msg, 1)
+	go func() {
+		r, _ := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 5*time.Second)
+		answer <- r
+	}()
+	waitFor(t, "the query to reach the upstream", func() bool { return up.Total() == 1 })
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the shutdown to begin", func() bool { return strings.Contains(logs.String(), "shutting down") })
+	close(release) // the upstream answers only now, after SIGTERM
+	if r := <-answer; r == nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("the query in flight at SIGTERM got %v", r)
+	}
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("run did not return after draining")
+	}
+	if _, err := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 200*time.Millisecond); err == nil {
+		t.Fatal("still answering after shutdown")
+	}
+}
+
+func answerFor(req *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetReply(req)
+	rr, _ := dns.NewRR(req.Question[0].Name + " 60 IN A 192.0.2.1")
+	m.Answer = append(m.Answer, rr)
+	return m
+}
+
+// The /metrics page passes Prometheus's own linter (what promtool check
+// metrics runs) and shows every known combination before any query.
+func TestMetricsEndpoint(t *testing.T) {
+	up := startUpstream(t)
+	cfg := testConfig(up.Addr())
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.BreakerThreshold = 50
+	a := startProxy(t, cfg, guard.RealClock{})
+
+	resp, err := http.Get(a.metricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	for _, want := range []string{
+		`dnsproxi_queries_total{outcome="rate_limited",qtype="AAAA"} 0`,
+		`dnsproxi_queries_total{outcome="breaker_open",qtype="OTHER"} 0`,
+		`dnsproxi_breaker_transitions_total{from="closed",to="open"} 0`,
+		`dnsproxi_breaker_state 0`,
+		`dnsproxi_queries_in_flight 0`,
+		`dnsproxi_request_duration_seconds_bucket`,
+		`dnsproxi_upstream_duration_seconds_bucket`,
+		`go_goroutines`,
+		`process_resident_memory_bytes`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	problems, err := testutil.GatherAndLint(a.metrics.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeMX))
+	if got := count(a, "MX", "forwarded"); got != 1 {
+		t.Errorf("MX forwarded = %d, want 1", got)
+	}
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeNAPTR))
+	if got := count(a, "OTHER", "forwarded"); got != 1 {
+		t.Errorf("NAPTR should count as OTHER: %d", got)
+	}
+}

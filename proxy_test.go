@@ -1,0 +1,386 @@
+package main
+
+import (
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/exercises/fakeupstream"
+	"dnsproxi/guard"
+)
+
+func TestForwardUDPAndTCP(t *testing.T) {
+	up := startUpstream(t)
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			q := query("www.example.com", dns.TypeA)
+			q.Id = 4242
+			r := ask(t, network, a.addr(), q)
+			if r.Id != 4242 {
+				t.Errorf("reply ID %d, want the client's 4242", r.Id)
+			}
+			if len(r.Answer) != 1 || !strings.Contains(r.Answer[0].String(), "192.0.2.1") {
+				t.Errorf("answer %q, want 192.0.2.1", answerText(r))
+			}
+			if r.Question[0] != q.Question[0] {
+				t.Errorf("question %v, want %v", r.Question[0], q.Question[0])
+			}
+		})
+	}
+	udp, tcp := up.Received()
+	if udp != 1 || tcp != 1 {
+		t.Errorf("upstream saw %d UDP and %d TCP queries, want 1 and 1: the client's network is kept", udp, tcp)
+	}
+	if got := count(a, "A", "forwarded"); got != 2 {
+		t.Errorf("forwarded count %d, want 2", got)
+	}
+}
+
+func TestForwardPassesRcodesThrough(t *testing.T) {
+	up := startUpstream(t)
+	cfg := testConfig(up.Addr())
+	cfg.BreakerThreshold, cfg.BreakerMinSamples = 50, 4
+	a := startProxy(t, cfg, guard.RealClock{})
+	if r := ask(t, "udp", a.addr(), query("nx.example.com", dns.TypeA)); r.Rcode != dns.RcodeNameError {
+		t.Errorf("NXDOMAIN came back as %s", rcodeName(r))
+	}
+	up.SetMode(fakeupstream.ServFail)
+	for range 6 {
+		if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("upstream SERVFAIL came back as %s", rcodeName(r))
+		}
+	}
+	// A well-formed SERVFAIL is an answer, not an upstream failure: the breaker stays closed.
+	if s := a.proxy.breaker.State(); s != guard.Closed {
+		t.Errorf("breaker %v after upstream SERVFAILs, want closed", s)
+	}
+	if got := count(a, "A", "forwarded"); got != 7 {
+		t.Errorf("forwarded %d, want 7", got)
+	}
+}
+
+func TestPipelinedTCPAnswersAsTheyComplete(t *testing.T) {
+	up := startUpstream(t)
+	up.SetDelay(300 * time.Millisecond)
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	c, err := dns.Dial("tcp", a.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	slow, fast := query("slow.example.com", dns.TypeA), query("fast.example.com", dns.TypeA)
+	slow.Id, fast.Id = 1, 2
+	for _, m := range []*dns.Msg{slow, fast} {
+		if err := c.WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var order []uint16
+	for range 2 {
+		r, err := c.ReadMsg()
+		if err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, r.Id)
+	}
+	if order[0] != 2 || order[1] != 1 {
+		t.Fatalf("answers came back as IDs %v, want [2 1]: the fast one must not wait behind the slow one", order)
+	}
+}
+
+func TestTruncationToClientSize(t *testing.T) {
+	up := startUpstream(t)
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+
+	wire, _ := query("big.example.com", dns.TypeTXT).Pack()
+	raw := sendRaw(t, a.addr(), wire, 3*time.Second)
+	r := new(dns.Msg)
+	if err := r.Unpack(raw); err != nil {
+		t.Fatalf("UDP answer to a client without EDNS: %v", err)
+	}
+	if !r.Truncated || len(r.Answer) == 0 {
+		t.Errorf("a 2 KB answer to a client without EDNS: TC=%v with %d records, want TC and what fits", r.Truncated, len(r.Answer))
+	}
+	if len(raw) > 512 {
+		t.Errorf("UDP answer is %d bytes, over the 512 a client without EDNS accepts", len(raw))
+	}
+
+	r = ask(t, "tcp", a.addr(), query("big.example.com", dns.TypeTXT))
+	if r.Truncated || len(r.Answer) != 20 {
+		t.Errorf("over TCP: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+	}
+
+	q := query("big.example.com", dns.TypeTXT)
+	q.SetEdns0(4096, false)
+	r = ask(t, "udp", a.addr(), q)
+	if r.Truncated || len(r.Answer) != 20 {
+		t.Errorf("EDNS 4096 client: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+	}
+}
+
+func TestUpstreamTruncatedRetriesOverTCP(t *testing.T) {
+	up := startUpstream(t)
+	up.SetMode(fakeupstream.Truncate)
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	if r.Truncated || len(r.Answer) != 1 {
+		t.Fatalf("TC=%v with %d answers, want the full answer fetched over TCP", r.Truncated, len(r.Answer))
+	}
+	if udp, tcp := up.Received(); udp != 1 || tcp != 1 {
+		t.Fatalf("upstream saw %d UDP, %d TCP; want 1 and 1 (the retry)", udp, tcp)
+	}
+}
+
+// A reply with the wrong ID, one with the wrong question, then the real one:
+// the client must see only the real one.
+func TestOnlyMatchingRepliesReachTheClient(t *testing.T) {
+	up := startUpstream(t)
+	up.SetScript(func(req *dns.Msg, network string) [][]byte {
+		wrongID := fakeupstream.Answer(req)
+		wrongID.Id = req.Id + 1
+		wrongID.Answer[0].(*dns.A).A = net.IPv4(198, 51, 100, 1)
+		wrongQ := fakeupstream.Answer(req)
+		wrongQ.Question[0].Name = "evil.example.com."
+		wrongQ.Answer[0].(*dns.A).A = net.IPv4(198, 51, 100, 2)
+		notReply := fakeupstream.Answer(req)
+		notReply.Response = false
+		notReply.Answer[0].(*dns.A).A = net.IPv4(198, 51, 100, 3)
+		right := fakeupstream.Answer(req)
+		var out [][]byte
+		for _, m := range []*dns.Msg{wrongID, wrongQ, notReply, right} {
+			b, _ := m.Pack()
+			out = append(out, b)
+		}
+		return append(out, []byte("garbage after the answer"))
+	})
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	for _, network := range []string{"udp", "tcp"} {
+		r := ask(t, network, a.addr(), query("www.example.com", dns.TypeA))
+		if got := answerText(r); !strings.Contains(got, "192.0.2.1") || strings.Contains(got, "198.51.100") {
+			t.Errorf("%s: client got %q, want only the real answer 192.0.2.1", network, got)
+		}
+	}
+}
+
+func TestBlackholeGivesServfailAfterTimeout(t *testing.T) {
+	up := startUpstream(t)
+	up.SetMode(fakeupstream.Blackhole)
+	cfg := testConfig(up.Addr())
+	cfg.UpstreamTimeout = 100 * time.Millisecond
+	a := startProxy(t, cfg, guard.RealClock{})
+	start := time.Now()
+	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	if r.Rcode != dns.RcodeServerFailure {
+		t.Fatalf("rcode %s, want SERVFAIL", rcodeName(r))
+	}
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Fatalf("SERVFAIL after %v, before the 100ms deadline", took)
+	}
+	if got := count(a, "A", "upstream_error"); got != 1 {
+		t.Fatalf("upstream_error %d, want 1", got)
+	}
+}
+
+func TestEntryGateThroughTheProxy(t *testing.T) {
+	up := startUpstream(t)
+	cfg := testConfig(up.Addr())
+	cfg.RateLimit = RateLimit{Rate: 5, Burst: 5}
+	clock := guard.NewManualClock(time.Now())
+	a := startProxy(t, cfg, clock)
+
+	answered := func(n int) int {
+		got := 0
+		for range n {
+			if _, err := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 150*time.Millisecond); err == nil {
+				got++
+			}
+		}
+		return got
+	}
+	if got := answered(8); got != 5 {
+		t.Fatalf("8 queries on a full bucket of 5: %d answered, want 5", got)
+	}
+	if f, rl := count(a, "A", "forwarded"), count(a, "A", "rate_limited"); f != 5 || rl != 3 {
+		t.Fatalf("forwarded %d, rate_limited %d; want 5 and 3", f, rl)
+	}
+	if up.Total() != 5 {
+		t.Fatalf("the upstream saw %d queries, want 5: dropped ones never leave", up.Total())
+	}
+	clock.Advance(400 * time.Millisecond) // 5/s: two tokens
+	if got := answered(3); got != 2 {
+		t.Fatalf("400 ms later: %d answered, want 2", got)
+	}
+}
+
+func TestForwardGateThroughTheProxy(t *testing.T) {
+	up := startUpstream(t)
+	up.SetMode(fakeupstream.Blackhole)
+	cfg := testConfig(up.Addr())
+	cfg.UpstreamTimeout = 300 * time.Millisecond
+	cfg.BreakerThreshold, cfg.BreakerMinSamples, cfg.BreakerCoolOff = 50, 4, time.Second
+	clock := guard.NewManualClock(time.Now())
+	a := startProxy(t, cfg, clock)
+
+	for range 4 { // four timeouts: 100% failures at MinSamples
+		ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	}
+	if s := a.proxy.breaker.State(); s != guard.Open {
+		t.Fatalf("breaker %v after 4 timeouts, want open", s)
+	}
+	for range 5 {
+		start := time.Now()
+		r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+		if r.Rcode != dns.RcodeServerFailure || time.Since(start) >= cfg.UpstreamTimeout {
+			t.Fatalf("open breaker: %s after %v, want SERVFAIL without waiting for the upstream", rcodeName(r), time.Since(start))
+		}
+	}
+	if got := up.Total(); got != 4 {
+		t.Fatalf("upstream saw %d queries, want 4: nothing while open", got)
+	}
+	if got := count(a, "A", "breaker_open"); got != 5 {
+		t.Fatalf("breaker_open %d, want 5", got)
+	}
+
+	// The upstream heals and the cool-off passes: exactly one probe goes out.
+	// The upstream holds the probe's answer until the test has checked that
+	// everyone else is refused meanwhile.
+	release := make(chan struct{})
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		<-release
+		b, _ := fakeupstream.Answer(req).Pack()
+		return [][]byte{b}
+	})
+	up.SetMode(fakeupstream.OK)
+	clock.Advance(time.Second)
+	probe := make(chan *dns.Msg, 1)
+	go func() {
+		r, _ := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 3*time.Second)
+		probe <- r
+	}()
+	waitFor(t, "the probe to reach the upstream", func() bool { return up.Total() == 5 })
+	for range 3 {
+		if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("while the probe is out: %s, want SERVFAIL", rcodeName(r))
+		}
+	}
+	close(release)
+	if r := <-probe; r == nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("the probe's answer: %v", r)
+	}
+	if got := up.Total(); got != 5 {
+		t.Fatalf("upstream saw %d queries, want 5: exactly one probe", got)
+	}
+	if s := a.proxy.breaker.State(); s != guard.Closed {
+		t.Fatalf("breaker %v after a good probe, want closed", s)
+	}
+	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("closed again: %s", rcodeName(r))
+	}
+}
+
+func TestMalformedQueriesDoNotStopService(t *testing.T) {
+	up := startUpstream(t)
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	header := func(id uint16, flags uint16, qd uint16) []byte {
+		b := make([]byte, 12)
+		binary.BigEndian.PutUint16(b, id)
+		binary.BigEndian.PutUint16(b[2:], flags)
+		binary.BigEndian.PutUint16(b[4:], qd)
+		return b
+	}
+	question := func(name string) []byte {
+		b := make([]byte, 0, 64)
+		for _, l := range strings.Split(name, ".") {
+			b = append(b, byte(len(l)))
+			b = append(b, l...)
+		}
+		return append(b, 0, 0, 1, 0, 1)
+	}
+	loop := append(header(7, 0x0100, 1), 0xC0, 12, 0, 1, 0, 1) // the name points at itself
+	tests := []struct {
+		name      string
+		pkt       []byte
+		wantRcode int // -1: no answer at all
+	}{
+		{"garbage", []byte("\x01\x02garbage"), -1},
+		{"empty", nil, -1},
+		{"header only, qdcount 1", header(1, 0x0100, 1), dns.RcodeFormatError},
+		{"qdcount 0", header(2, 0x0100, 0), dns.RcodeFormatError},
+		{"qdcount 2", append(append(header(3, 0x0100, 2), question("a.example")...), question("b.example")...), dns.RcodeFormatError},
+		{"compression loop", loop, dns.RcodeFormatError},
+		{"a response, not a query", append(header(5, 0x8100, 1), question("a.example")...), -1},
+		{"label over 63", append(header(6, 0x0100, 1), append([]byte{64}, make([]byte, 70)...)...), dns.RcodeFormatError},
+		{"opcode NOTIFY", append(header(8, 0x2000, 1), question("a.example")...), dns.RcodeNotImplemented},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wait := time.Second
+			if tt.wantRcode < 0 {
+				wait = 150 * time.Millisecond
+			}
+			got := sendRaw(t, a.addr(), tt.pkt, wait)
+			switch {
+			case tt.wantRcode < 0 && got != nil:
+				t.Fatalf("got a %d-byte answer, want none", len(got))
+			case tt.wantRcode >= 0 && len(got) < 12:
+				t.Fatalf("no answer, want %s", dns.RcodeToString[tt.wantRcode])
+			case tt.wantRcode >= 0:
+				if id := binary.BigEndian.Uint16(got); id != binary.BigEndian.Uint16(tt.pkt) {
+					t.Errorf("answer ID %d, want the query's", id)
+				}
+				if rc := int(got[3] & 0x0f); rc != tt.wantRcode || got[2]&0x80 == 0 {
+					t.Errorf("rcode %s (QR %v), want %s", dns.RcodeToString[rc], got[2]&0x80 != 0, dns.RcodeToString[tt.wantRcode])
+				}
+			}
+			// Whatever came before, an honest client is still answered.
+			if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
+				t.Fatalf("after %s: %s", tt.name, rcodeName(r))
+			}
+		})
+	}
+	if up.Total() != int64(len(tests)) {
+		t.Errorf("upstream saw %d queries, want only the %d honest ones", up.Total(), len(tests))
+	}
+}
+
+func TestConcurrentClients(t *testing.T) {
+	up := startUpstream(t)
+	cfg := testConfig(up.Addr())
+	cfg.BreakerThreshold = 50
+	a := startProxy(t, cfg, guard.RealClock{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for c := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				network := "udp"
+				if (c+i)%5 == 0 {
+					network = "tcp"
+				}
+				q := query("www.example.com", dns.TypeA)
+				r, err := tryAsk(network, a.addr(), q, 3*time.Second)
+				if err == nil && (r.Id != q.Id || r.Rcode != dns.RcodeSuccess) {
+					err = net.UnknownNetworkError("wrong reply")
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := count(a, "A", "forwarded"); got != 400 {
+		t.Errorf("forwarded %d, want 400", got)
+	}
+}
