@@ -1,8 +1,9 @@
 GO ?= go
 
-.PHONY: run test bench build vet
+.PHONY: run build test vet bench drill
 
-# run starts the proxy on 127.0.0.1:5398. Set DNS_UPSTREAM to your resolver.
+# run starts the proxy on 127.0.0.1:5398. DNS_UPSTREAM defaults to the first
+# nameserver of /etc/resolv.conf; set it to choose another upstream.
 run:
 	$(GO) run .
 
@@ -13,7 +14,12 @@ test:
 	$(GO) test -race ./...
 
 vet:
-	gofmt -l . | (! grep .) && $(GO) vet ./...
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
+	$(GO) vet ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./guard/
+
+# drill runs every live drill at the chapter's timings (about a minute).
+drill:
+	$(GO) run ./exercises/drill all

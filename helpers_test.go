@@ -106,9 +106,18 @@ func sendRaw(t *testing.T, addr string, pkt []byte, wait time.Duration) []byte {
 	return buf[:n]
 }
 
-// count reads dnsproxi_queries_total{qtype,outcome}.
-func count(a *app, qtype, outcome string) int {
-	return int(testutil.ToFloat64(a.metrics.Queries.WithLabelValues(qtype, outcome)))
+// count reads dnsproxi_queries_total{qtype,outcome}. A query is counted
+// just after its answer is written, so count waits (bounded) for want and
+// returns the last value it read.
+func count(a *app, qtype, outcome string, want int) int {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got := int(testutil.ToFloat64(a.metrics.Queries.WithLabelValues(qtype, outcome)))
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // waitFor polls cond until it holds or the deadline passes.

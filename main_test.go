@@ -32,8 +32,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // SIGTERM while a query is in flight: the query is still answered, then run returns 0.
 func TestSIGTERMDrainsQueriesInFlight(t *testing.T) {
@@ -133,11 +137,11 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeMX))
-	if got := count(a, "MX", "forwarded"); got != 1 {
+	if got := count(a, "MX", "forwarded", 1); got != 1 {
 		t.Errorf("MX forwarded = %d, want 1", got)
 	}
 	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeNAPTR))
-	if got := count(a, "OTHER", "forwarded"); got != 1 {
+	if got := count(a, "OTHER", "forwarded", 1); got != 1 {
 		t.Errorf("NAPTR should count as OTHER: %d", got)
 	}
 }

@@ -37,7 +37,7 @@ func TestForwardUDPAndTCP(t *testing.T) {
 	if udp != 1 || tcp != 1 {
 		t.Errorf("upstream saw %d UDP and %d TCP queries, want 1 and 1: the client's network is kept", udp, tcp)
 	}
-	if got := count(a, "A", "forwarded"); got != 2 {
+	if got := count(a, "A", "forwarded", 2); got != 2 {
 		t.Errorf("forwarded count %d, want 2", got)
 	}
 }
@@ -60,7 +60,7 @@ func TestForwardPassesRcodesThrough(t *testing.T) {
 	if s := a.proxy.breaker.State(); s != guard.Closed {
 		t.Errorf("breaker %v after upstream SERVFAILs, want closed", s)
 	}
-	if got := count(a, "A", "forwarded"); got != 7 {
+	if got := count(a, "A", "forwarded", 7); got != 7 {
 		t.Errorf("forwarded %d, want 7", got)
 	}
 }
@@ -183,7 +183,7 @@ func TestBlackholeGivesServfailAfterTimeout(t *testing.T) {
 	if took := time.Since(start); took < 100*time.Millisecond {
 		t.Fatalf("SERVFAIL after %v, before the 100ms deadline", took)
 	}
-	if got := count(a, "A", "upstream_error"); got != 1 {
+	if got := count(a, "A", "upstream_error", 1); got != 1 {
 		t.Fatalf("upstream_error %d, want 1", got)
 	}
 }
@@ -207,7 +207,7 @@ func TestEntryGateThroughTheProxy(t *testing.T) {
 	if got := answered(8); got != 5 {
 		t.Fatalf("8 queries on a full bucket of 5: %d answered, want 5", got)
 	}
-	if f, rl := count(a, "A", "forwarded"), count(a, "A", "rate_limited"); f != 5 || rl != 3 {
+	if f, rl := count(a, "A", "forwarded", 5), count(a, "A", "rate_limited", 3); f != 5 || rl != 3 {
 		t.Fatalf("forwarded %d, rate_limited %d; want 5 and 3", f, rl)
 	}
 	if up.Total() != 5 {
@@ -244,7 +244,7 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 	if got := up.Total(); got != 4 {
 		t.Fatalf("upstream saw %d queries, want 4: nothing while open", got)
 	}
-	if got := count(a, "A", "breaker_open"); got != 5 {
+	if got := count(a, "A", "breaker_open", 5); got != 5 {
 		t.Fatalf("breaker_open %d, want 5", got)
 	}
 
@@ -380,7 +380,7 @@ func TestConcurrentClients(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if got := count(a, "A", "forwarded"); got != 400 {
+	if got := count(a, "A", "forwarded", 400); got != 400 {
 		t.Errorf("forwarded %d, want 400", got)
 	}
 }

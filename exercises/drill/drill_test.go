@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// Each drill runs in its quick form against the real binary and a fake
+// upstream on loopback; the test checks the report's key numbers.
+func TestDrills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the drills build and run the real binary")
+	}
+	checks := map[string]func(t *testing.T, n map[string]int){
+		"ratelimit": func(t *testing.T, n map[string]int) {
+			if n["rate_limited"] == 0 || n["forwarded"] != 0 || n["upstream"] != n["upstream_error"] {
+				t.Errorf("ratelimit numbers %v", n)
+			}
+		},
+		"breaker": func(t *testing.T, n map[string]int) {
+			if n["trip_errors"] < 20 || n["open_fast"] != 5 || n["probe_packets"] != 1 || n["closed_ok"] != 20 {
+				t.Errorf("breaker numbers %v", n)
+			}
+		},
+		"flap": func(t *testing.T, n map[string]int) {
+			if n["opened"] < 2 || n["closed_again"] < 1 || n["spared"] == 0 {
+				t.Errorf("flap numbers %v", n)
+			}
+		},
+		"slow": func(t *testing.T, n map[string]int) {
+			if n["breaker_open"] == 0 || n["fast_with"] <= n["fast_without"] {
+				t.Errorf("slow numbers %v", n)
+			}
+		},
+		"overload": func(t *testing.T, n map[string]int) {
+			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
+				t.Errorf("overload numbers %v", n)
+			}
+		},
+	}
+	for i, d := range drills {
+		t.Run(d.name, func(t *testing.T) {
+			var out bytes.Buffer
+			r, err := runDrill(i, quickScale, &out)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out.String())
+			}
+			if len(r.failures) > 0 {
+				t.Errorf("the drill failed: %s", strings.Join(r.failures, "; "))
+			}
+			checks[d.name](t, r.numbers)
+			if t.Failed() {
+				t.Logf("report:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestCLI(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := cli(nil, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "ratelimit") {
+		t.Errorf("no arguments: exit %d, usage %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := cli([]string{"nosuch"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `unknown drill "nosuch"`) {
+		t.Errorf("unknown drill: exit %d, %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := cli([]string{"upstream", "-mode", "sideways"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "unknown mode") {
+		t.Errorf("bad mode: exit %d, %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := cli([]string{"upstream", "-addr", "192.0.2.1:53"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "not a loopback") {
+		t.Errorf("non-loopback address: exit %d, %q", code, errOut.String())
+	}
+}
