@@ -26,6 +26,9 @@ type Config struct {
 	BreakerWindow     int           `envconfig:"BREAKER_WINDOW" default:"100" desc:"the breaker judges the last N outcomes"`
 	BreakerCoolOff    time.Duration `envconfig:"BREAKER_COOLOFF" default:"5s" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT"`
 	MetricsAddr       string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address; off disables it"`
+	MaxInflight       int           `envconfig:"MAX_INFLIGHT" default:"1000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
+	TCPMaxConns       int           `envconfig:"TCP_MAX_CONNS" default:"1000" desc:"client TCP connections open at once; beyond it a new one is closed"`
+	TCPIdleTimeout    time.Duration `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" desc:"a client TCP connection that delivers no whole query for this long is closed"`
 }
 
 // RateLimit is DNS_RATE_LIMIT: "rate" or "rate,burst". The zero value is off.
@@ -126,6 +129,15 @@ func (c Config) validate() error {
 	}
 	if c.BreakerCoolOff <= c.UpstreamTimeout {
 		return bad("BREAKER_COOLOFF", c.BreakerCoolOff, fmt.Sprintf("must exceed DNS_UPSTREAM_TIMEOUT (%v)", c.UpstreamTimeout))
+	}
+	if c.MaxInflight < 0 {
+		return bad("MAX_INFLIGHT", c.MaxInflight, "must be 0 (unlimited) or a positive integer")
+	}
+	if c.TCPMaxConns < 1 {
+		return bad("TCP_MAX_CONNS", c.TCPMaxConns, "must be a positive integer")
+	}
+	if c.TCPIdleTimeout <= 0 {
+		return bad("TCP_IDLE_TIMEOUT", c.TCPIdleTimeout, "must be a positive duration")
 	}
 	if c.MetricsAddr != "off" && checkHostPort(c.MetricsAddr) != nil {
 		return bad("METRICS_ADDR", c.MetricsAddr, "must be host:port such as 127.0.0.1:9398, or off")

@@ -11,7 +11,8 @@ import (
 
 // allVars are every variable loadConfig reads; each test starts from none set.
 var allVars = []string{"DNS_LISTEN", "DNS_UPSTREAM", "DNS_UPSTREAM_TIMEOUT", "DNS_RATE_LIMIT",
-	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR"}
+	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR",
+	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT"}
 
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -33,6 +34,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	want := Config{
 		Listen: "127.0.0.1:5398", Upstream: "127.0.0.1:5300", UpstreamTimeout: 2 * time.Second,
 		BreakerMinSamples: 20, BreakerWindow: 100, BreakerCoolOff: 5 * time.Second, MetricsAddr: "127.0.0.1:9398",
+		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second,
 	}
 	if cfg != want {
 		t.Fatalf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -62,6 +64,11 @@ func TestLoadConfigGood(t *testing.T) {
 		}},
 		{map[string]string{"DNS_METRICS_ADDR": "off"}, func(c Config) bool { return c.MetricsAddr == "off" }},
 		{map[string]string{"DNS_LISTEN": "[::1]:53"}, func(c Config) bool { return c.Listen == "[::1]:53" }},
+		{map[string]string{"DNS_MAX_INFLIGHT": "0"}, func(c Config) bool { return c.MaxInflight == 0 }},
+		{map[string]string{"DNS_MAX_INFLIGHT": "50"}, func(c Config) bool { return c.MaxInflight == 50 }},
+		{map[string]string{"DNS_TCP_MAX_CONNS": "10", "DNS_TCP_IDLE_TIMEOUT": "2s"}, func(c Config) bool {
+			return c.TCPMaxConns == 10 && c.TCPIdleTimeout == 2*time.Second
+		}},
 		{map[string]string{"DNS_UPSTREAM": "[::1]:53"}, func(c Config) bool { return c.Upstream == "[::1]:53" }},
 	}
 	for _, tt := range tests {
@@ -107,6 +114,10 @@ func TestLoadConfigBad(t *testing.T) {
 		{map[string]string{"DNS_LISTEN": "127.0.0.1"}, `DNS_LISTEN="127.0.0.1": must be an IP address and port such as 127.0.0.1:5398`},
 		{map[string]string{"DNS_UPSTREAM": "127.0.0.1"}, `DNS_UPSTREAM="127.0.0.1": must be host:port such as 127.0.0.1:53`},
 		{map[string]string{"DNS_UPSTREAM": "127.0.0.1:99999"}, `DNS_UPSTREAM="127.0.0.1:99999": must be host:port such as 127.0.0.1:53`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "-1"}, `DNS_MAX_INFLIGHT="-1": must be 0 (unlimited) or a positive integer`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "lots"}, `DNS_MAX_INFLIGHT="lots": must be an integer`},
+		{map[string]string{"DNS_TCP_MAX_CONNS": "0"}, `DNS_TCP_MAX_CONNS="0": must be a positive integer`},
+		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "0s"}, `DNS_TCP_IDLE_TIMEOUT="0s": must be a positive duration`},
 		{map[string]string{"DNS_METRICS_ADDR": "9398"}, `DNS_METRICS_ADDR="9398": must be host:port such as 127.0.0.1:9398, or off`},
 	}
 	for _, tt := range tests {

@@ -38,6 +38,9 @@ func testConfig(upstream string) Config {
 		BreakerWindow:     100,
 		BreakerCoolOff:    time.Second,
 		MetricsAddr:       "off",
+		MaxInflight:       1000,
+		TCPMaxConns:       100,
+		TCPIdleTimeout:    10 * time.Second,
 	}
 }
 

@@ -62,7 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	}
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
-		"breaker", breakerSummary(cfg), "metrics", a.metricsURL())
+		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
+		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout, "metrics", a.metricsURL())
 	if ready != nil {
 		ready(a)
 	}
@@ -112,15 +113,31 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{limiter: limiter, breaker: breaker, upstream: up, metrics: m}
+	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), upstream: up, metrics: m}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
-		Addr:      cfg.Listen,
-		Handler:   dns.HandlerFunc(p.handleQuery),
-		OnDropped: func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
+		Addr:           cfg.Listen,
+		Handler:        dns.HandlerFunc(p.handleQuery),
+		MaxHandlers:    maxHandlers(cfg.MaxInflight),
+		MaxTCPConns:    cfg.TCPMaxConns,
+		TCPIdleTimeout: cfg.TCPIdleTimeout,
+		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
 	}
 	return a, nil
 }
+
+// maxHandlers bounds the server's handler goroutines: room for every
+// exchange the cap allows, plus as many again that are only being refused
+// or answered at once. With the cap off, a fixed safety bound remains.
+func maxHandlers(maxInflight int) int {
+	if maxInflight == 0 {
+		return unlimitedHandlers
+	}
+	return 2*maxInflight + 1024
+}
+
+// unlimitedHandlers is the server's bound when DNS_MAX_INFLIGHT=0.
+const unlimitedHandlers = 65536
 
 // initGuard builds the gates the configuration asks for; nil means off.
 func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breaker) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -18,10 +19,12 @@ type exchanger interface {
 
 // proxy answers queries by forwarding them through the two gates.
 type proxy struct {
-	limiter  *guard.TokenBucket // entry gate; nil: off
-	breaker  *guard.Breaker     // forward gate; nil: off
-	upstream exchanger
-	metrics  *metrics.Metrics
+	limiter     *guard.TokenBucket // entry gate; nil: off
+	breaker     *guard.Breaker     // forward gate; nil: off
+	maxInflight int64              // cap on exchanges in flight; 0: none
+	inflight    atomic.Int64
+	upstream    exchanger
+	metrics     *metrics.Metrics
 }
 
 // handleQuery answers one query and counts how it ended.
@@ -52,6 +55,15 @@ func (p *proxy) answer(w dns.ResponseWriter, r *dns.Msg) string {
 		return metrics.FormErr
 	}
 
+	// Concurrency cap: beyond it, REFUSED at once; never queue, never wait.
+	// It comes before the forward gate so that a refusal cannot take the
+	// half-open probe's place.
+	if !p.enter() {
+		reply(w, r, dns.RcodeRefused)
+		return metrics.Overloaded
+	}
+	defer p.leave()
+
 	// 2. Forward gate: an open breaker answers SERVFAIL at once.
 	var permit guard.Permit // the zero Permit reports nowhere: the gate is off
 	if p.breaker != nil {
@@ -77,11 +89,9 @@ func (p *proxy) answer(w dns.ResponseWriter, r *dns.Msg) string {
 	defer markBreaker(false) // a path that forgot, or a panic, counts as a failure
 
 	// 3. Exchange with the upstream.
-	p.metrics.InFlight.Inc()
 	start := time.Now()
 	resp, err := p.upstream.Exchange(context.Background(), r, network(w))
 	p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
-	p.metrics.InFlight.Dec()
 	if err != nil {
 		markBreaker(false)
 		reply(w, r, dns.RcodeServerFailure)
@@ -93,6 +103,22 @@ func (p *proxy) answer(w dns.ResponseWriter, r *dns.Msg) string {
 	}
 	w.WriteMsg(resp)
 	return metrics.Forwarded
+}
+
+// enter takes a place among the exchanges in flight, if the cap allows.
+func (p *proxy) enter() bool {
+	n := p.inflight.Add(1)
+	if p.maxInflight > 0 && n > p.maxInflight {
+		p.inflight.Add(-1)
+		return false
+	}
+	p.metrics.InFlight.Inc()
+	return true
+}
+
+func (p *proxy) leave() {
+	p.inflight.Add(-1)
+	p.metrics.InFlight.Dec()
 }
 
 // reply answers r with rcode and r's question.

@@ -384,3 +384,44 @@ func TestConcurrentClients(t *testing.T) {
 		t.Errorf("forwarded %d, want 400", got)
 	}
 }
+
+func TestInflightCapRefusesAtOnce(t *testing.T) {
+	up := startUpstream(t)
+	release := make(chan struct{})
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		<-release
+		b, _ := fakeupstream.Answer(req).Pack()
+		return [][]byte{b}
+	})
+	cfg := testConfig(up.Addr())
+	cfg.MaxInflight = 1
+	cfg.UpstreamTimeout = 5 * time.Second
+	a := startProxy(t, cfg, guard.RealClock{})
+	held := make(chan *dns.Msg, 1)
+	go func() {
+		r, _ := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 5*time.Second)
+		held <- r
+	}()
+	waitFor(t, "the first query to reach the upstream", func() bool { return up.Total() == 1 })
+	start := time.Now()
+	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	if r.Rcode != dns.RcodeRefused {
+		t.Fatalf("beyond the cap: %s, want REFUSED", rcodeName(r))
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("REFUSED took %v: it must not wait for a place", took)
+	}
+	if got := count(a, "A", "overloaded", 1); got != 1 {
+		t.Fatalf("overloaded %d, want 1", got)
+	}
+	if up.Total() != 1 {
+		t.Fatalf("the refused query reached the upstream")
+	}
+	close(release)
+	if r := <-held; r == nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("the query within the cap: %v", r)
+	}
+	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("after the place was freed: %s", rcodeName(r))
+	}
+}

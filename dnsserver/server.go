@@ -193,21 +193,32 @@ func (s *Server) dropped(reason string) {
 	}
 }
 
-// serve parses one query and hands it to the handler, or answers it itself.
-func (s *Server) serve(w dns.ResponseWriter, pkt []byte) {
+// ServePacket handles one packet as if it had arrived on the server: it
+// parses it, answers FORMERR or drops it if it is not a query it can parse,
+// and hands the query to the handler otherwise. The server's own readers
+// call it; it is exported for fuzzing the parse step.
+func (s *Server) ServePacket(w dns.ResponseWriter, pkt []byte) {
+	if req := s.parse(w, pkt); req != nil {
+		s.Handler.ServeDNS(w, req)
+	}
+}
+
+// parse unpacks a query. It answers what it cannot parse itself and returns
+// nil for it. The message it returns shares no memory with pkt.
+func (s *Server) parse(w dns.ResponseWriter, pkt []byte) *dns.Msg {
 	req := new(dns.Msg)
 	if err := req.Unpack(pkt); err != nil {
 		s.dropped("malformed")
 		if hdr := formErr(pkt); hdr != nil {
 			w.Write(hdr)
 		}
-		return
+		return nil
 	}
 	if req.Response {
 		s.dropped("response") // never answer an answer: that is how loops start
-		return
+		return nil
 	}
-	s.Handler.ServeDNS(w, req)
+	return req
 }
 
 // formErr returns a FORMERR header for a query whose header can be read,

@@ -88,7 +88,7 @@ func (s *Server) serveConn(c *net.TCPConn) {
 			defer inflight.Done()
 			defer func() { <-pipeline }()
 			defer s.releaseHandler()
-			s.serve(w, pkt)
+			s.ServePacket(w, pkt)
 		}()
 	}
 }

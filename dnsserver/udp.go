@@ -40,8 +40,11 @@ func (s *Server) serveUDP() {
 		go func() {
 			defer s.wg.Done()
 			defer s.releaseHandler()
-			s.serve(w, (*bp)[:n])
-			udpBufs.Put(bp) // serve has unpacked it: the message holds no reference to it
+			req := s.parse(w, (*bp)[:n])
+			udpBufs.Put(bp) // back before the exchange: the message holds no reference to it
+			if req != nil {
+				s.Handler.ServeDNS(w, req)
+			}
 		}()
 	}
 }
