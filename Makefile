@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: run build test vet bench drill
+.PHONY: run build test vet bench drill fuzz overload
 
 # run starts the proxy on 127.0.0.1:5398. DNS_UPSTREAM defaults to the first
 # nameserver of /etc/resolv.conf; set it to choose another upstream.
@@ -23,3 +23,14 @@ bench:
 # drill runs every live drill at the chapter's timings (about a minute).
 drill:
 	$(GO) run ./exercises/drill all
+
+# fuzz runs each fuzz target for FUZZTIME; make test replays their seed corpus.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzServePacket$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzRateLimit$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzConfigAddresses$$' -fuzztime $(FUZZTIME) .
+
+# overload floods a blackholed upstream at 3000 QPS for 15 s, in three configurations.
+overload:
+	$(GO) run ./exercises/drill blackhole-flood

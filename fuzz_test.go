@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"net"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/dnsserver"
+	"dnsproxi/exercises/fakeupstream"
+	"dnsproxi/guard"
+	"dnsproxi/metrics"
+)
+
+// memUpstream answers from the fake zone without a network.
+type memUpstream struct{}
+
+func (memUpstream) Exchange(_ context.Context, req *dns.Msg, _ string) (*dns.Msg, error) {
+	m := fakeupstream.Answer(req)
+	m.Id = req.Id
+	return m, nil
+}
+
+// recorder is a UDP ResponseWriter that keeps what is written.
+type recorder struct{ out [][]byte }
+
+func (r *recorder) LocalAddr() net.Addr  { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5398} }
+func (r *recorder) RemoteAddr() net.Addr { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000} }
+func (r *recorder) WriteMsg(m *dns.Msg) error {
+	b, err := m.Pack()
+	if err != nil {
+		return err
+	}
+	_, err = r.Write(b)
+	return err
+}
+func (r *recorder) Write(b []byte) (int, error) { r.out = append(r.out, append([]byte(nil), b...)); return len(b), nil }
+func (r *recorder) Close() error                { return nil }
+func (r *recorder) TsigStatus() error           { return nil }
+func (r *recorder) TsigTimersOnly(bool)         {}
+func (r *recorder) Hijack()                     {}
+
+// FuzzServePacket feeds arbitrary bytes through the server's parse step into
+// handleQuery with both gates on. Whatever comes in: no panic, at most one
+// answer, and an answer carries the packet's ID, has QR set, parses, and
+// fits the client's UDP size.
+func FuzzServePacket(f *testing.F) {
+	q := new(dns.Msg)
+	q.SetQuestion("www.example.com.", dns.TypeA)
+	b, _ := q.Pack()
+	f.Add(b)
+	q.SetEdns0(4096, true)
+	b, _ = q.Pack()
+	f.Add(b)
+
+	m := metrics.New()
+	p := &proxy{
+		limiter:     guard.NewTokenBucket(math.MaxInt32, math.MaxInt32, guard.RealClock{}),
+		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
+		maxInflight: 1000,
+		upstream:    memUpstream{},
+		metrics:     m,
+	}
+	srv := &dnsserver.Server{Handler: dns.HandlerFunc(p.handleQuery)}
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		w := &recorder{}
+		srv.ServePacket(w, pkt)
+		if len(w.out) > 1 {
+			t.Fatalf("%d answers to one packet", len(w.out))
+		}
+		if len(w.out) == 0 {
+			return
+		}
+		ans := w.out[0]
+		if len(ans) < 12 || len(pkt) < 2 || binary.BigEndian.Uint16(ans) != binary.BigEndian.Uint16(pkt) {
+			t.Fatalf("answer %x does not carry the query's ID", ans)
+		}
+		if ans[2]&0x80 == 0 {
+			t.Fatal("answer without QR")
+		}
+		size := dns.MinMsgSize
+		req := new(dns.Msg)
+		if req.Unpack(pkt) == nil {
+			if opt := req.IsEdns0(); opt != nil {
+				size = max(size, int(opt.UDPSize()))
+			}
+		}
+		if len(ans) > size {
+			t.Fatalf("a %d-byte UDP answer for a client that takes %d", len(ans), size)
+		}
+		if err := new(dns.Msg).Unpack(ans); err != nil {
+			t.Fatalf("the answer does not parse: %v", err)
+		}
+	})
+}
+
+// FuzzRateLimit: DNS_RATE_LIMIT never panics, and what it accepts is a
+// working gate that prints back to itself.
+func FuzzRateLimit(f *testing.F) {
+	for _, s := range []string{"5", "5,5", "0.5", "1e9,1", " 3 , 4 ", "5,x", "-1", "NaN", "Inf", "1,99999999999999999999", ",", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var r RateLimit
+		if err := r.Decode(s); err != nil {
+			return
+		}
+		if !r.On() {
+			return // empty: off
+		}
+		if !(r.Rate > 0) || math.IsInf(r.Rate, 0) || r.Burst < 1 {
+			t.Fatalf("%q accepted as %+v", s, r)
+		}
+		guard.NewTokenBucket(r.Rate, r.Burst, guard.RealClock{}) // must not panic
+		var back RateLimit
+		if err := back.Decode(r.String()); err != nil || back != r {
+			t.Fatalf("%q → %+v → %q → %+v, %v", s, r, r.String(), back, err)
+		}
+	})
+}
+
+// FuzzConfigAddresses: address validation never panics, whatever the text.
+func FuzzConfigAddresses(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:53", "[::1]:53", "localhost:53", ":53", "1.2.3.4", "[::1", "a:b:c", "127.0.0.1:99999", "off", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		cfg := testConfig("127.0.0.1:53")
+		cfg.Listen, cfg.Upstream, cfg.MetricsAddr = s, s, s
+		_ = cfg.validate()
+		_ = checkHostPort(s)
+	})
+}
