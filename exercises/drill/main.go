@@ -32,6 +32,14 @@ var drills = []struct {
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
 }
 
+// harnesses run by name only, not by "all": they measure rather than teach.
+var harnesses = []struct {
+	name, teaches string
+	run           func(*rig) error
+}{
+	{"blackhole-flood", "3000 QPS at a blackholed upstream: memory, goroutines, latency, in three configurations", drillBlackholeFlood},
+}
+
 func main() {
 	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -59,6 +67,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	for i, d := range drills {
 		if name == "all" || name == d.name {
 			todo = append(todo, i)
+		}
+	}
+	for _, h := range harnesses {
+		if name == h.name {
+			drills = append(drills, h)
+			todo = append(todo, len(drills)-1)
 		}
 	}
 	if len(todo) == 0 {
@@ -120,7 +134,10 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "       drill all [-quick]      runs them all\n")
 	fmt.Fprintf(w, "       drill upstream -mode MODE -addr 127.0.0.1:5300 [-delay 1.5s] [-period 3s]\n\n")
 	for _, d := range drills {
-		fmt.Fprintf(w, "  %-10s %s\n", d.name, d.teaches)
+		fmt.Fprintf(w, "  %-16s %s\n", d.name, d.teaches)
+	}
+	for _, h := range harnesses {
+		fmt.Fprintf(w, "  %-16s %s (not in all)\n", h.name, h.teaches)
 	}
 }
 
