@@ -18,8 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
@@ -117,8 +115,8 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
-		Handler:        dns.HandlerFunc(p.handleQuery),
-		MaxHandlers:    maxHandlers(cfg.MaxInflight),
+		Handler:        dnsserver.HandlerFunc(p.handleQuery),
+		MaxPending:     maxPending(cfg.MaxInflight),
 		MaxTCPConns:    cfg.TCPMaxConns,
 		TCPIdleTimeout: cfg.TCPIdleTimeout,
 		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
@@ -126,18 +124,18 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	return a, nil
 }
 
-// maxHandlers bounds the server's handler goroutines: room for every
-// exchange the cap allows, plus as many again that are only being refused
-// or answered at once. With the cap off, a fixed safety bound remains.
-func maxHandlers(maxInflight int) int {
+// maxPending bounds the queries the server holds unanswered: room for every
+// query the cap lets through to the upstream, plus as many again being
+// answered at once. With the cap off, a fixed safety bound remains.
+func maxPending(maxInflight int) int {
 	if maxInflight == 0 {
-		return unlimitedHandlers
+		return unlimitedPending
 	}
 	return 2*maxInflight + 1024
 }
 
-// unlimitedHandlers is the server's bound when DNS_MAX_INFLIGHT=0.
-const unlimitedHandlers = 65536
+// unlimitedPending is the server's bound when DNS_MAX_INFLIGHT=0.
+const unlimitedPending = 65536
 
 // initGuard builds the gates the configuration asks for; nil means off.
 func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breaker) {

@@ -1,111 +1,97 @@
 package main
 
 import (
-	"context"
-	"net"
 	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
+	"dnsproxi/internal/wire"
 	"dnsproxi/metrics"
+	"dnsproxi/upstream"
 )
 
-// exchanger is the upstream as handleQuery sees it.
-type exchanger interface {
-	Exchange(ctx context.Context, req *dns.Msg, network string) (*dns.Msg, error)
+// forwarder is the upstream as handleQuery sees it: it reports the outcome
+// of every query it is given exactly once, to done.
+type forwarder interface {
+	Forward(query []byte, network string, done upstream.Result)
 }
 
 // proxy answers queries by forwarding them through the two gates.
 type proxy struct {
 	limiter     *guard.TokenBucket // entry gate; nil: off
 	breaker     *guard.Breaker     // forward gate; nil: off
-	maxInflight int64              // cap on exchanges in flight; 0: none
+	maxInflight int64              // cap on queries at the upstream; 0: none
 	inflight    atomic.Int64
-	upstream    exchanger
+	upstream    forwarder
 	metrics     *metrics.Metrics
 }
 
-// handleQuery answers one query and counts how it ended.
-func (p *proxy) handleQuery(w dns.ResponseWriter, r *dns.Msg) {
+// handleQuery runs one query through the entry gate and the forward gate to
+// the upstream. It never waits: the upstream reports back later, exactly
+// once, and that report is what tells the breaker how the call went.
+func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	start := time.Now()
-	qtype := metrics.OtherQType
-	if len(r.Question) > 0 {
-		qtype = p.metrics.QType(r.Question[0].Qtype)
-	}
-	outcome := p.answer(w, r)
-	p.metrics.Count(qtype, outcome)
-	p.metrics.RequestDuration.Observe(time.Since(start).Seconds())
-}
+	qtype := p.metrics.QType(q.QType)
 
-// answer runs the query through the gates and the upstream, writes the
-// answer if there is one, and returns the outcome.
-func (p *proxy) answer(w dns.ResponseWriter, r *dns.Msg) string {
 	// 1. Entry gate: beyond the rate, drop. Every query pays, well-formed or not.
 	if p.limiter != nil && !p.limiter.Allow(1) {
-		return metrics.RateLimited
+		w.Drop()
+		p.count(qtype, metrics.RateLimited, start)
+		return
 	}
-	if r.Opcode != dns.OpcodeQuery {
-		reply(w, r, dns.RcodeNotImplemented)
-		return metrics.NotImp
+	if q.Opcode != dns.OpcodeQuery {
+		p.reply(w, q.Wire, q.QEnd, dns.RcodeNotImplemented, qtype, metrics.NotImp, start)
+		return
 	}
-	if len(r.Question) != 1 {
-		reply(w, r, dns.RcodeFormatError)
-		return metrics.FormErr
+	if q.QDCount != 1 {
+		p.reply(w, q.Wire, wire.HeaderLen, dns.RcodeFormatError, metrics.OtherRow, metrics.FormErr, start)
+		return
 	}
-
-	// Concurrency cap: beyond it, REFUSED at once; never queue, never wait.
-	// It comes before the forward gate so that a refusal cannot take the
-	// half-open probe's place.
+	// The cap on queries at the upstream: beyond it, REFUSED at once; never
+	// queue. It comes before the forward gate so that a refusal cannot take
+	// the half-open probe's place.
 	if !p.enter() {
-		reply(w, r, dns.RcodeRefused)
-		return metrics.Overloaded
+		p.reply(w, q.Wire, q.QEnd, dns.RcodeRefused, qtype, metrics.Overloaded, start)
+		return
 	}
-	defer p.leave()
 
 	// 2. Forward gate: an open breaker answers SERVFAIL at once.
 	var permit guard.Permit // the zero Permit reports nowhere: the gate is off
 	if p.breaker != nil {
 		var err error
 		if permit, err = p.breaker.Acquire(); err != nil {
-			reply(w, r, dns.RcodeServerFailure)
-			return metrics.BreakerOpen
-		}
-	}
-	// From here on, every path reports to the breaker exactly once.
-	sent := false
-	markBreaker := func(ok bool) {
-		if sent {
+			p.leave()
+			p.reply(w, q.Wire, q.QEnd, dns.RcodeServerFailure, qtype, metrics.BreakerOpen, start)
 			return
 		}
-		sent = true
-		if ok {
-			permit.Success()
-		} else {
-			permit.Failure()
-		}
 	}
-	defer markBreaker(false) // a path that forgot, or a panic, counts as a failure
 
-	// 3. Exchange with the upstream.
-	start := time.Now()
-	resp, err := p.upstream.Exchange(context.Background(), r, network(w))
-	p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		markBreaker(false)
-		reply(w, r, dns.RcodeServerFailure)
-		return metrics.UpstreamError
+	// 3. Exchange. Whatever happens to the query (an answer, a timeout, a
+	// network error, shutdown), this runs exactly once, so the breaker hears
+	// of every call it let through exactly once.
+	udpSize := 0
+	if q.Net == "udp" {
+		udpSize = q.UDPSize
 	}
-	markBreaker(true) // any well-formed answer, NXDOMAIN and SERVFAIL included
-	if network(w) == "udp" {
-		resp.Truncate(clientUDPSize(r))
-	}
-	w.WriteMsg(resp)
-	return metrics.Forwarded
+	p.upstream.Forward(q.Wire, q.Net, func(query, reply []byte, err error) {
+		p.leave()
+		p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
+		if err != nil { // only an upstream failure is a failure: any answer, SERVFAIL too, is a success
+			permit.Failure()
+			qend, _ := wire.QuestionEnd(query)
+			p.reply(w, query, qend, dns.RcodeServerFailure, qtype, metrics.UpstreamError, start)
+			return
+		}
+		permit.Success()
+		w.Write(truncate(reply, udpSize))
+		p.count(qtype, metrics.Forwarded, start)
+	})
 }
 
-// enter takes a place among the exchanges in flight, if the cap allows.
+// enter takes a place among the queries at the upstream, if the cap allows.
 func (p *proxy) enter() bool {
 	n := p.inflight.Add(1)
 	if p.maxInflight > 0 && n > p.maxInflight {
@@ -121,27 +107,39 @@ func (p *proxy) leave() {
 	p.metrics.InFlight.Dec()
 }
 
-// reply answers r with rcode and r's question.
-func reply(w dns.ResponseWriter, r *dns.Msg, rcode int) {
+// reply answers query (whose question ends at qend) with rcode and no
+// records, and counts the outcome.
+func (p *proxy) reply(w dnsserver.ResponseWriter, query []byte, qend, rcode int, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
+	var buf [wire.HeaderLen + 260]byte // a header and the longest question: no allocation
+	w.Write(wire.AppendReply(buf[:0], query, qend, rcode))
+	p.count(qtype, o, start)
+}
+
+func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
+	p.metrics.Count(qtype, o)
+	p.metrics.RequestDuration.Observe(time.Since(start).Seconds())
+}
+
+// truncate makes a UDP answer fit the client's size (0: TCP, no limit). An
+// answer that fits, nearly all of them, is returned as it is; one that does
+// not is unpacked and cut to what fits, with TC set.
+func truncate(reply []byte, size int) []byte {
+	if size == 0 || len(reply) <= size {
+		return reply
+	}
 	m := new(dns.Msg)
-	m.SetRcode(r, rcode)
-	m.RecursionAvailable = true
-	w.WriteMsg(m)
-}
-
-// network tells whether the client came over "udp" or "tcp".
-func network(w dns.ResponseWriter) string {
-	if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
-		return "tcp"
+	if m.Unpack(reply) == nil {
+		m.Truncate(size)
+		if b, err := m.Pack(); err == nil && len(b) <= size {
+			return b
+		}
 	}
-	return "udp"
-}
-
-// clientUDPSize is the largest UDP answer the client accepts: its EDNS
-// buffer size, or 512 without EDNS (RFC 1035, RFC 6891).
-func clientUDPSize(r *dns.Msg) int {
-	if opt := r.IsEdns0(); opt != nil {
-		return max(dns.MinMsgSize, int(opt.UDPSize()))
+	// An answer that will not parse or shrink: its header and question, TC set.
+	qend, ok := wire.QuestionEnd(reply)
+	if !ok {
+		qend = wire.HeaderLen
 	}
-	return dns.MinMsgSize
+	b := wire.AppendReply(nil, reply, qend, int(wire.Flags(reply)&0xF))
+	wire.SetFlags(b, wire.Flags(b)|wire.FlagTC)
+	return b
 }

@@ -1,8 +1,13 @@
 // Package dnsserver serves DNS over UDP and TCP on one address with one
-// handler. It parses each query, answers what it cannot parse with FORMERR,
-// bounds the handlers running at once and the TCP connections open at once,
-// and shuts down gracefully: it stops reading, lets the handlers in flight
-// write their answers, then closes its sockets.
+// handler. It reads UDP in batches on one socket per core, parses only the
+// header and the question of each query (the whole message only when it is
+// unusual), answers what it cannot parse with FORMERR, bounds the queries
+// awaiting an answer and the TCP connections open at once, and shuts down
+// gracefully: it stops reading, waits for every query it took to be
+// answered, then closes its sockets.
+//
+// A handler must not block: it answers through its ResponseWriter, then or
+// later, from any goroutine, exactly once (Write or Drop).
 package dnsserver
 
 import (
@@ -17,11 +22,13 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
 
 // Defaults for the Server's zero fields.
 const (
-	DefaultMaxHandlers    = 10000
+	DefaultMaxPending     = 10000
 	DefaultMaxTCPConns    = 1000
 	DefaultTCPIdleTimeout = 10 * time.Second
 	DefaultTCPPipeline    = 64
@@ -31,47 +38,83 @@ const (
 // ErrServerClosed is returned by Start on a server that was shut down.
 var ErrServerClosed = errors.New("dnsserver: server closed")
 
+// ErrAnswered is returned by a ResponseWriter's second Write.
+var ErrAnswered = errors.New("dnsserver: query already answered")
+
+// Query is one query as the handler gets it: the packet, and what the
+// server read from it.
+type Query struct {
+	// Wire is the packet as the client sent it. Over UDP it is only valid
+	// until ServeDNS returns: copy what you keep.
+	Wire    []byte
+	Net     string // "udp" or "tcp"
+	Opcode  int
+	QDCount int    // questions in the header; the proxy answers anything but 1 with FORMERR
+	QEnd    int    // Wire[12:QEnd] is the question (12 when there is none)
+	QType   uint16 // the question's type, when there is one
+	UDPSize int    // the largest UDP answer the client takes: 512, or its EDNS size
+}
+
+// ResponseWriter answers one query: Write once, or Drop.
+type ResponseWriter interface {
+	// Write sends one whole message; the writer keeps a copy, not reply.
+	Write(reply []byte) error
+	// Drop ends the query without an answer.
+	Drop()
+}
+
+// Handler answers queries. ServeDNS must not block; it may answer later.
+type Handler interface {
+	ServeDNS(w ResponseWriter, q *Query)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(w ResponseWriter, q *Query)
+
+// ServeDNS calls f(w, q).
+func (f HandlerFunc) ServeDNS(w ResponseWriter, q *Query) { f(w, q) }
+
 // Server serves DNS over UDP and TCP on Addr with Handler. Set the fields,
 // then call Start; the zero value of each optional field takes its default.
 type Server struct {
-	// Addr is the host:port to listen on for both UDP and TCP. Port 0 picks
-	// a free port (the same for both); Addr() tells which.
+	// Addr is the IP:port to listen on for both UDP and TCP. Port 0 picks a
+	// free port (the same for both); LocalAddr tells which.
 	Addr string
-	// Handler answers every parsed query. It must not keep w after it returns.
-	Handler dns.Handler
-	// MaxHandlers bounds the handlers running at once over both networks;
-	// a query beyond it is answered REFUSED at once (default 10000).
-	MaxHandlers int
+	// Handler answers every query the server could parse.
+	Handler Handler
+	// MaxPending bounds the queries taken and not yet answered, over both
+	// networks; a query beyond it is answered REFUSED at once (default 10000).
+	MaxPending int
 	// MaxTCPConns bounds the TCP connections open at once; a connection
 	// beyond it is closed at once (default 1000).
 	MaxTCPConns int
 	// TCPIdleTimeout closes a connection that has not delivered a whole query
 	// for this long, including one stalled half-way through (default 10s).
 	TCPIdleTimeout time.Duration
-	// TCPPipeline bounds the queries in flight on one TCP connection; the
-	// server stops reading from it until one is answered (default 64).
+	// TCPPipeline bounds the queries awaiting an answer on one TCP
+	// connection; the server stops reading it until one is answered (default 64).
 	TCPPipeline int
-	// UDPReaders is the number of goroutines reading the UDP socket
-	// (default GOMAXPROCS).
-	UDPReaders int
+	// UDPSockets is how many UDP sockets share the port (SO_REUSEPORT), each
+	// with its own reader (default GOMAXPROCS; 1 where the system lacks it).
+	UDPSockets int
 	// OnDropped, if set, is called with a reason for every packet or
 	// connection the server answers itself or drops ("malformed",
 	// "response", "overloaded", "tcp_conn_limit").
 	OnDropped func(reason string)
 
-	udp      *net.UDPConn
+	udp      []*udpSocket
 	tcp      *net.TCPListener
-	handlers chan struct{} // one token per running handler
+	pending  atomic.Int64  // queries taken, not yet answered
 	tcpSlots chan struct{} // one token per open TCP connection
 	closing  atomic.Bool
-	wg       sync.WaitGroup // readers, connections and handlers
+	wg       sync.WaitGroup // readers and connections
 
 	mu    sync.Mutex
 	conns map[*net.TCPConn]struct{}
 }
 
 // Start binds UDP and TCP on s.Addr and serves in the background. It returns
-// once both sockets are listening.
+// once both are listening.
 func (s *Server) Start() error {
 	if s.closing.Load() {
 		return ErrServerClosed
@@ -87,39 +130,18 @@ func (s *Server) Start() error {
 	if err := s.listen(ap); err != nil {
 		return err
 	}
-	for range s.UDPReaders {
+	for _, u := range s.udp {
 		s.wg.Add(1)
-		go s.serveUDP()
+		go s.serveUDP(u)
 	}
 	s.wg.Add(1)
 	go s.serveTCP()
 	return nil
 }
 
-// listen binds UDP, then TCP on the same port. With port 0 the port UDP was
-// given may be taken for TCP; then it tries another.
-func (s *Server) listen(ap netip.AddrPort) error {
-	for attempt := 0; ; attempt++ {
-		udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
-		if err != nil {
-			return fmt.Errorf("dnsserver: %w", err)
-		}
-		bound := udp.LocalAddr().(*net.UDPAddr).AddrPort()
-		tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(bound))
-		if err == nil {
-			s.udp, s.tcp = udp, tcp
-			return nil
-		}
-		udp.Close()
-		if ap.Port() != 0 || attempt == 10 {
-			return fmt.Errorf("dnsserver: %w", err)
-		}
-	}
-}
-
 func (s *Server) setDefaults() {
-	if s.MaxHandlers <= 0 {
-		s.MaxHandlers = DefaultMaxHandlers
+	if s.MaxPending <= 0 {
+		s.MaxPending = DefaultMaxPending
 	}
 	if s.MaxTCPConns <= 0 {
 		s.MaxTCPConns = DefaultMaxTCPConns
@@ -130,43 +152,82 @@ func (s *Server) setDefaults() {
 	if s.TCPPipeline <= 0 {
 		s.TCPPipeline = DefaultTCPPipeline
 	}
-	if s.UDPReaders <= 0 {
-		s.UDPReaders = runtime.GOMAXPROCS(0)
+	if s.UDPSockets <= 0 {
+		s.UDPSockets = runtime.GOMAXPROCS(0)
 	}
-	s.handlers = make(chan struct{}, s.MaxHandlers)
+	if !reusePortSupported {
+		s.UDPSockets = 1
+	}
 	s.tcpSlots = make(chan struct{}, s.MaxTCPConns)
 	s.conns = make(map[*net.TCPConn]struct{})
 }
 
-// LocalAddr returns the address the server listens on, once started.
-func (s *Server) LocalAddr() netip.AddrPort {
-	return s.udp.LocalAddr().(*net.UDPAddr).AddrPort()
+// listen binds the UDP sockets, then TCP on the same port. With port 0 the
+// port UDP was given may be taken for TCP; then it tries another.
+func (s *Server) listen(ap netip.AddrPort) error {
+	for attempt := 0; ; attempt++ {
+		socks, err := listenUDP(ap, s.UDPSockets)
+		if err != nil {
+			return fmt.Errorf("dnsserver: %w", err)
+		}
+		bound := socks[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
+		tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(bound))
+		if err == nil {
+			s.udp, s.tcp = socks, tcp
+			return nil
+		}
+		for _, u := range socks {
+			u.close()
+		}
+		if ap.Port() != 0 || attempt == 10 {
+			return fmt.Errorf("dnsserver: %w", err)
+		}
+	}
 }
 
-// Shutdown stops reading new queries, waits for the handlers in flight to
-// answer, then closes the sockets. If ctx ends first it closes them anyway
+// LocalAddr returns the address the server listens on, once started.
+func (s *Server) LocalAddr() netip.AddrPort {
+	return s.udp[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Pending returns how many queries were taken and not yet answered.
+func (s *Server) Pending() int { return int(s.pending.Load()) }
+
+// Shutdown stops reading new queries, waits until every query taken has been
+// answered, then closes the sockets. If ctx ends first it closes them anyway
 // and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.closing.Swap(true) || s.udp == nil {
 		return nil
 	}
 	s.tcp.Close()
-	s.udp.SetReadDeadline(time.Now()) // wakes the readers; writes still work
+	for _, u := range s.udp {
+		u.conn.SetReadDeadline(time.Now()) // wakes the reader; writes still work
+	}
 	s.mu.Lock()
 	for c := range s.conns {
 		c.SetReadDeadline(time.Now())
 	}
 	s.mu.Unlock()
 
+	var err error
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
-	var err error
 	select {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.udp.Close()
+	for err == nil && s.pending.Load() > 0 { // queries answered later, by the handler
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	for _, u := range s.udp {
+		u.close()
+	}
 	s.mu.Lock()
 	for c := range s.conns {
 		c.Close()
@@ -175,70 +236,90 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// tryHandler takes a handler slot if one is free.
-func (s *Server) tryHandler() bool {
-	select {
-	case s.handlers <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-func (s *Server) releaseHandler() { <-s.handlers }
-
 func (s *Server) dropped(reason string) {
 	if s.OnDropped != nil {
 		s.OnDropped(reason)
 	}
 }
 
-// ServePacket handles one packet as if it had arrived on the server: it
-// parses it, answers FORMERR or drops it if it is not a query it can parse,
-// and hands the query to the handler otherwise. The server's own readers
-// call it; it is exported for fuzzing the parse step.
-func (s *Server) ServePacket(w dns.ResponseWriter, pkt []byte) {
-	if req := s.parse(w, pkt); req != nil {
-		s.Handler.ServeDNS(w, req)
+// ServePacket handles one packet as if it had arrived on the server over
+// UDP: it parses it, answers FORMERR or drops it if it is not a query it can
+// parse, and hands the query to the handler otherwise. The server's readers
+// do the same for every packet; it is exported for fuzzing the parse step.
+func (s *Server) ServePacket(w ResponseWriter, pkt []byte) { s.serve(w, pkt, "udp") }
+
+// serve takes one packet that w answers.
+func (s *Server) serve(w ResponseWriter, pkt []byte, network string) {
+	q, ok := s.parse(pkt, network)
+	switch {
+	case !ok && len(pkt) >= wire.HeaderLen && wire.Flags(pkt)&wire.FlagQR == 0:
+		w.Write(wire.AppendReply(make([]byte, 0, wire.HeaderLen), pkt, wire.HeaderLen, dns.RcodeFormatError))
+	case !ok:
+		w.Drop()
+	case s.MaxPending > 0 && s.pending.Load() > int64(s.MaxPending):
+		s.dropped("overloaded")
+		w.Write(wire.AppendReply(make([]byte, 0, q.QEnd), pkt, q.QEnd, dns.RcodeRefused))
+	default:
+		s.Handler.ServeDNS(w, &q)
 	}
 }
 
-// parse unpacks a query. It answers what it cannot parse itself and returns
-// nil for it. The message it returns shares no memory with pkt.
-func (s *Server) parse(w dns.ResponseWriter, pkt []byte) *dns.Msg {
-	req := new(dns.Msg)
-	if err := req.Unpack(pkt); err != nil {
+// parse reads a query. It reports false, and counts why, for anything that
+// is not a query the handler can be given.
+func (s *Server) parse(pkt []byte, network string) (Query, bool) {
+	q := Query{Wire: pkt, Net: network, QEnd: wire.HeaderLen, UDPSize: dns.MinMsgSize}
+	if len(pkt) < wire.HeaderLen {
 		s.dropped("malformed")
-		if hdr := formErr(pkt); hdr != nil {
-			w.Write(hdr)
-		}
-		return nil
+		return q, false
 	}
-	if req.Response {
+	if wire.Flags(pkt)&wire.FlagQR != 0 {
 		s.dropped("response") // never answer an answer: that is how loops start
-		return nil
+		return q, false
 	}
-	return req
+	q.Opcode = wire.Opcode(pkt)
+	qd, an, ns, ar := wire.Counts(pkt)
+	q.QDCount = qd
+	end, haveQ := 0, false
+	if qd >= 1 {
+		if end, haveQ = wire.QuestionEnd(pkt); haveQ {
+			q.QEnd, q.QType = end, wire.QType(pkt, end)
+		}
+	}
+	// The fast path: one question, and nothing after it but an OPT record.
+	if qd == 1 && haveQ && an == 0 && ns == 0 {
+		if ar == 0 && end == len(pkt) {
+			return q, true
+		}
+		if size, ok := wire.EDNSSize(pkt, end); ar == 1 && ok {
+			q.UDPSize = max(size, dns.MinMsgSize)
+			return q, true
+		}
+	}
+	// Anything else is checked by unpacking the whole message.
+	m := new(dns.Msg)
+	if err := m.Unpack(pkt); err != nil || (qd >= 1 && !haveQ) {
+		s.dropped("malformed")
+		return q, false
+	}
+	if opt := m.IsEdns0(); opt != nil {
+		q.UDPSize = max(int(opt.UDPSize()), dns.MinMsgSize)
+	}
+	return q, true
 }
 
-// formErr returns a FORMERR header for a query whose header can be read,
-// else nil. The question is not echoed: it could not be parsed.
-func formErr(pkt []byte) []byte {
-	if len(pkt) < 12 || pkt[2]&0x80 != 0 { // too short, or QR set: a response
-		return nil
-	}
-	h := make([]byte, 12)
-	h[0], h[1] = pkt[0], pkt[1] // the client's ID
-	h[2] = 0x80 | pkt[2]&0x79   // QR, the opcode and RD
-	h[3] = dns.RcodeFormatError // RA=0, Z=0, RCODE=FORMERR
-	return h
+// answer is the part of a ResponseWriter that counts queries in and out.
+type answer struct {
+	s        *Server
+	answered atomic.Bool
 }
 
-// refuse answers a query REFUSED without parsing more than its header.
-func refuse(pkt []byte) []byte {
-	h := formErr(pkt)
-	if h != nil {
-		h[3] = dns.RcodeRefused
+func (a *answer) start(s *Server) { a.s = s; s.pending.Add(1) }
+
+// finish reports whether this call is the one that answers.
+func (a *answer) finish() bool {
+	if a.answered.Swap(true) {
+		return false
 	}
-	return h
+	a.s.pending.Add(-1)
+	return true
 }

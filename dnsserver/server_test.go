@@ -5,19 +5,62 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
 
 // echo answers every query with NOERROR and its question.
-var echo = dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-	m := new(dns.Msg)
-	m.SetReply(r)
-	w.WriteMsg(m)
+var echo = HandlerFunc(func(w ResponseWriter, q *Query) {
+	w.Write(wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess))
 })
+
+// holder keeps every query unanswered until release, the way a handler
+// waiting for an upstream does.
+type holder struct {
+	mu      sync.Mutex
+	held    []func()
+	auto    bool // answer at once from now on
+	entered chan struct{}
+}
+
+func newHolder() *holder { return &holder{entered: make(chan struct{}, 100)} }
+
+func (h *holder) ServeDNS(w ResponseWriter, q *Query) {
+	reply := wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess) // q.Wire is not ours to keep
+	h.mu.Lock()
+	if h.auto {
+		h.mu.Unlock()
+		w.Write(reply)
+		return
+	}
+	h.held = append(h.held, func() { w.Write(reply) })
+	h.mu.Unlock()
+	h.entered <- struct{}{}
+}
+
+func (h *holder) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+// release answers every query held so far, and with auto every later one at once.
+func (h *holder) release(auto ...bool) {
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.auto = len(auto) > 0 && auto[0]
+	h.mu.Unlock()
+	for _, answer := range held {
+		answer()
+	}
+}
 
 func startServer(t *testing.T, s *Server) string {
 	t.Helper()
@@ -139,38 +182,23 @@ func TestSlowlorisDoesNotStarveUDP(t *testing.T) {
 	}
 }
 
-func TestHandlerCapAnswersRefused(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	entered := make(chan struct{}, 1)
-	blocking := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		entered <- struct{}{}
-		<-release
-		echo(w, r)
-	})
-	addr := startServer(t, &Server{MaxHandlers: 1, Handler: blocking})
+func TestPendingCapAnswersRefused(t *testing.T) {
+	h := newHolder()
+	addr := startServer(t, &Server{MaxPending: 1, Handler: h})
+	defer h.release()
 	go ask("udp", addr, 5*time.Second)
-	<-entered
+	<-h.entered
 	for _, network := range []string{"udp", "tcp"} {
 		r, err := ask(network, addr, time.Second)
 		if err != nil || r.Rcode != dns.RcodeRefused {
-			t.Fatalf("%s beyond MaxHandlers: %v %v, want REFUSED at once", network, r, err)
+			t.Fatalf("%s beyond MaxPending: %v %v, want REFUSED at once", network, r, err)
 		}
 	}
 }
 
 func TestTCPPipelineBound(t *testing.T) {
-	var running, peak atomic.Int64
-	release := make(chan struct{})
-	slow := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		n := running.Add(1)
-		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-		}
-		<-release
-		running.Add(-1)
-		echo(w, r)
-	})
-	addr := startServer(t, &Server{TCPPipeline: 2, Handler: slow})
+	h := newHolder()
+	addr := startServer(t, &Server{TCPPipeline: 2, Handler: h})
 	c, err := dns.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -182,16 +210,15 @@ func TestTCPPipelineBound(t *testing.T) {
 		m.Id = uint16(i + 1)
 		c.WriteMsg(m)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for running.Load() < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	<-h.entered
+	<-h.entered
+	select {
+	case <-h.entered:
+		t.Fatal("a third query was taken while two on the connection were unanswered")
+	case <-time.After(100 * time.Millisecond): // the negative: nothing more may arrive
 	}
-	time.Sleep(50 * time.Millisecond) // give a third handler the chance to start, if the bound were broken
-	if p := peak.Load(); p != 2 {
-		t.Fatalf("%d handlers ran at once on one connection, want the pipeline bound of 2", p)
-	}
-	close(release)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	h.release(true)
 	for range 5 {
 		if _, err := c.ReadMsg(); err != nil {
 			t.Fatalf("reading the pipelined answers: %v", err)
@@ -200,14 +227,8 @@ func TestTCPPipelineBound(t *testing.T) {
 }
 
 func TestShutdownFinishesQueriesInFlight(t *testing.T) {
-	release := make(chan struct{})
-	entered := make(chan struct{}, 2)
-	slow := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		entered <- struct{}{}
-		<-release
-		echo(w, r)
-	})
-	s := &Server{Addr: "127.0.0.1:0", Handler: slow}
+	h := newHolder()
+	s := &Server{Addr: "127.0.0.1:0", Handler: h}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -216,16 +237,16 @@ func TestShutdownFinishesQueriesInFlight(t *testing.T) {
 	for _, network := range []string{"udp", "tcp"} {
 		go func() { _, err := ask(network, addr, 5*time.Second); answers <- err }()
 	}
-	<-entered
-	<-entered
+	<-h.entered
+	<-h.entered
 	done := make(chan error, 1)
 	go func() { done <- s.Shutdown(context.Background()) }()
 	select {
 	case err := <-done:
-		t.Fatalf("Shutdown returned (%v) with handlers still running", err)
+		t.Fatalf("Shutdown returned (%v) with queries unanswered", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	close(release)
+	h.release()
 	for range 2 {
 		if err := <-answers; err != nil {
 			t.Errorf("a query in flight at shutdown: %v", err)
@@ -233,6 +254,9 @@ func TestShutdownFinishesQueriesInFlight(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if s.Pending() != 0 {
+		t.Errorf("%d queries pending after Shutdown", s.Pending())
 	}
 	if _, err := ask("udp", addr, 200*time.Millisecond); err == nil {
 		t.Error("still answering UDP after Shutdown")
@@ -243,22 +267,88 @@ func TestShutdownFinishesQueriesInFlight(t *testing.T) {
 	}
 }
 
-func TestFormErrHeader(t *testing.T) {
+func TestParse(t *testing.T) {
+	pack := func(m *dns.Msg) []byte { b, _ := m.Pack(); return b }
+	plain := pack(new(dns.Msg).SetQuestion("a.example.", dns.TypeMX))
+	edns := new(dns.Msg).SetQuestion("a.example.", dns.TypeA)
+	edns.SetEdns0(1232, false)
+	tiny := new(dns.Msg).SetQuestion("a.example.", dns.TypeA)
+	tiny.SetEdns0(100, false)
+	withTSIG := new(dns.Msg).SetQuestion("a.example.", dns.TypeA)
+	withTSIG.SetEdns0(4096, false)
+	withTSIG.Extra = append(withTSIG.Extra, &dns.TXT{Hdr: dns.RR_Header{Name: "x.", Rrtype: dns.TypeTXT, Class: dns.ClassINET}, Txt: []string{"x"}})
+	tests := []struct {
+		name    string
+		pkt     []byte
+		ok      bool
+		qd      int
+		qtype   uint16
+		udpSize int
+	}{
+		{"plain", plain, true, 1, dns.TypeMX, 512},
+		{"edns", pack(edns), true, 1, dns.TypeA, 1232},
+		{"edns below 512", pack(tiny), true, 1, dns.TypeA, 512},
+		{"extra records: the slow path", pack(withTSIG), true, 1, dns.TypeA, 4096},
+		{"no question", pack(new(dns.Msg)), true, 0, 0, 512},
+		{"short", plain[:5], false, 0, 0, 512},
+		{"cut question", plain[:len(plain)-1], false, 1, 0, 512},
+		{"response", pack(new(dns.Msg).SetReply(new(dns.Msg).SetQuestion("a.", dns.TypeA))), false, 1, dns.TypeA, 512},
+	}
+	s := &Server{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, ok := s.parse(tt.pkt, "udp")
+			if ok != tt.ok {
+				t.Fatalf("ok = %v, want %v", ok, tt.ok)
+			}
+			if !ok {
+				return
+			}
+			if q.QDCount != tt.qd || q.QType != tt.qtype || q.UDPSize != tt.udpSize {
+				t.Fatalf("parsed %+v", q)
+			}
+			if tt.qd == 1 {
+				if end, _ := wire.QuestionEnd(tt.pkt); q.QEnd != end {
+					t.Fatalf("QEnd %d, want %d", q.QEnd, end)
+				}
+			}
+		})
+	}
+}
+
+// recorder keeps what a handler or the server writes for one packet.
+type recorder struct {
+	answer
+	out     []byte
+	dropped bool
+}
+
+func (r *recorder) Write(b []byte) error { r.finish(); r.out = append([]byte(nil), b...); return nil }
+func (r *recorder) Drop()                { r.finish(); r.dropped = true }
+
+func TestServeAnswersWhatItCannotParse(t *testing.T) {
+	s := &Server{Handler: echo}
+	s.setDefaults()
 	tests := []struct {
 		name string
 		pkt  []byte
-		want []byte
+		want []byte // nil: dropped
 	}{
 		{"short", []byte{1, 2, 3}, nil},
 		{"a response", []byte{0, 7, 0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0}, nil},
 		{"query with RD and opcode", []byte{0xAB, 0xCD, 0x01 | 0x10, 0x20, 0, 1, 0, 0, 0, 0, 0, 0, 0xFF},
-			[]byte{0xAB, 0xCD, 0x80 | 0x01 | 0x10, dns.RcodeFormatError, 0, 0, 0, 0, 0, 0, 0, 0}},
+			[]byte{0xAB, 0xCD, 0x80 | 0x01 | 0x10, 0x80 | dns.RcodeFormatError, 0, 0, 0, 0, 0, 0, 0, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := formErr(tt.pkt)
-			if string(got) != string(tt.want) {
-				t.Fatalf("formErr = %x, want %x", got, tt.want)
+			r := &recorder{}
+			r.start(s)
+			s.ServePacket(r, tt.pkt)
+			if string(r.out) != string(tt.want) || (tt.want == nil) != r.dropped {
+				t.Fatalf("wrote %x (dropped %v), want %x", r.out, r.dropped, tt.want)
+			}
+			if s.Pending() != 0 {
+				t.Fatalf("%d pending: the packet was not finished", s.Pending())
 			}
 		})
 	}

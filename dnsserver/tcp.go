@@ -43,15 +43,22 @@ func (s *Server) serveTCP() {
 	}
 }
 
-// serveConn reads queries off one connection and answers each as soon as its
-// handler is done, not in order. At most TCPPipeline are in flight.
+// tcpConn is one client connection. Queries are read in order and answered
+// as they complete, at most TCPPipeline at a time.
+type tcpConn struct {
+	conn     *net.TCPConn
+	mu       sync.Mutex    // serialises writes
+	pipeline chan struct{} // one token per query awaiting its answer
+}
+
+// serveConn reads queries off one connection and hands each to the handler.
 func (s *Server) serveConn(c *net.TCPConn) {
 	defer s.wg.Done()
-	w := &tcpWriter{conn: c}
-	var inflight sync.WaitGroup
-	pipeline := make(chan struct{}, s.TCPPipeline)
+	tc := &tcpConn{conn: c, pipeline: make(chan struct{}, s.TCPPipeline)}
 	defer func() {
-		inflight.Wait()
+		for range s.TCPPipeline { // wait for the answers still due on this connection
+			tc.pipeline <- struct{}{}
+		}
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
@@ -74,62 +81,40 @@ func (s *Server) serveConn(c *net.TCPConn) {
 		if _, err := io.ReadFull(c, pkt); err != nil {
 			return
 		}
-		pipeline <- struct{}{}
-		if !s.tryHandler() {
-			s.dropped("overloaded")
-			if h := refuse(pkt); h != nil {
-				w.Write(h)
-			}
-			<-pipeline
-			continue
-		}
-		inflight.Add(1)
-		go func() {
-			defer inflight.Done()
-			defer func() { <-pipeline }()
-			defer s.releaseHandler()
-			s.ServePacket(w, pkt)
-		}()
+		tc.pipeline <- struct{}{} // released by the answer
+		w := &tcpWriter{conn: tc}
+		w.start(s)
+		s.serve(w, pkt, "tcp")
 	}
 }
 
-// tcpWriter answers queries on one connection; writes are serialised because
-// handlers of pipelined queries answer concurrently.
+// tcpWriter answers one query on a connection.
 type tcpWriter struct {
-	mu   sync.Mutex
-	conn *net.TCPConn
-}
-
-var _ dns.ResponseWriter = (*tcpWriter)(nil)
-
-func (w *tcpWriter) LocalAddr() net.Addr  { return w.conn.LocalAddr() }
-func (w *tcpWriter) RemoteAddr() net.Addr { return w.conn.RemoteAddr() }
-func (w *tcpWriter) WriteMsg(m *dns.Msg) error {
-	b, err := m.Pack()
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
+	answer
+	conn *tcpConn
 }
 
 // Write sends one message with its length prefix.
-func (w *tcpWriter) Write(b []byte) (int, error) {
+func (w *tcpWriter) Write(b []byte) error {
+	if !w.finish() {
+		return ErrAnswered
+	}
+	defer func() { <-w.conn.pipeline }()
 	if len(b) > dns.MaxMsgSize {
-		return 0, dns.ErrBuf
+		return dns.ErrBuf
 	}
 	framed := make([]byte, 2+len(b))
 	binary.BigEndian.PutUint16(framed, uint16(len(b)))
 	copy(framed[2:], b)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.conn.SetWriteDeadline(time.Now().Add(writeTimeout)) // a client that never reads costs only itself
-	if _, err := w.conn.Write(framed); err != nil {
-		return 0, err
-	}
-	return len(b), nil
+	w.conn.mu.Lock()
+	defer w.conn.mu.Unlock()
+	w.conn.conn.SetWriteDeadline(time.Now().Add(writeTimeout)) // a client that never reads costs only itself
+	_, err := w.conn.conn.Write(framed)
+	return err
 }
-func (w *tcpWriter) Close() error        { return w.conn.Close() }
-func (w *tcpWriter) TsigStatus() error   { return nil }
-func (w *tcpWriter) TsigTimersOnly(bool) {}
-func (w *tcpWriter) Hijack()             {}
+
+func (w *tcpWriter) Drop() {
+	if w.finish() {
+		<-w.conn.pipeline
+	}
+}

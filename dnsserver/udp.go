@@ -4,71 +4,92 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"sync"
 
-	"github.com/miekg/dns"
+	"dnsproxi/internal/batchio"
 )
 
 // udpBufSize is the largest datagram read; a query is rarely near it, but a
 // smaller buffer would silently cut one that is.
 const udpBufSize = 65535
 
-var udpBufs = sync.Pool{New: func() any { b := make([]byte, udpBufSize); return &b }}
+// udpSocket is one of the UDP sockets sharing the port: read in batches by
+// its reader, written in batches by its writer.
+type udpSocket struct {
+	conn   *net.UDPConn
+	reader *batchio.Reader
+	writer *batchio.Writer
+}
 
-func (s *Server) serveUDP() {
+// listenUDP binds n sockets to ap, sharing the port where the system allows.
+func listenUDP(ap netip.AddrPort, n int) ([]*udpSocket, error) {
+	var socks []*udpSocket
+	for i := range n {
+		conn, err := listenReusePort(ap)
+		if err != nil {
+			for _, s := range socks {
+				s.close()
+			}
+			return nil, err
+		}
+		if i == 0 {
+			ap = conn.LocalAddr().(*net.UDPAddr).AddrPort() // the others join the port the first was given
+		}
+		conn.SetReadBuffer(4 << 20)
+		conn.SetWriteBuffer(4 << 20)
+		r, err := batchio.NewReader(conn, batchio.MaxBatch, udpBufSize)
+		if err == nil {
+			var w *batchio.Writer
+			if w, err = batchio.NewWriter(conn); err == nil {
+				socks = append(socks, &udpSocket{conn: conn, reader: r, writer: w})
+				continue
+			}
+		}
+		conn.Close()
+		for _, s := range socks {
+			s.close()
+		}
+		return nil, err
+	}
+	return socks, nil
+}
+
+func (u *udpSocket) close() {
+	u.writer.Close() // sends what is queued first
+	u.conn.Close()
+}
+
+// serveUDP reads batches of packets and hands each to the handler. Nothing
+// here blocks but the read: the handler answers through the socket's writer.
+func (s *Server) serveUDP(u *udpSocket) {
 	defer s.wg.Done()
 	for {
-		bp := udpBufs.Get().(*[]byte)
-		n, from, err := s.udp.ReadFromUDPAddrPort(*bp)
+		n, err := u.reader.Read()
 		if err != nil {
-			udpBufs.Put(bp)
 			if s.closing.Load() || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue // a transient error (ICMP unreachable from an earlier reply): keep serving
 		}
-		w := &udpWriter{conn: s.udp, to: from}
-		if !s.tryHandler() {
-			s.dropped("overloaded")
-			if h := refuse((*bp)[:n]); h != nil {
-				w.Write(h)
-			}
-			udpBufs.Put(bp)
-			continue
+		for i := range n {
+			w := &udpWriter{out: u.writer, to: u.reader.Addr(i)}
+			w.start(s)
+			s.serve(w, u.reader.Packet(i), "udp")
 		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer s.releaseHandler()
-			req := s.parse(w, (*bp)[:n])
-			udpBufs.Put(bp) // back before the exchange: the message holds no reference to it
-			if req != nil {
-				s.Handler.ServeDNS(w, req)
-			}
-		}()
 	}
 }
 
 // udpWriter answers one UDP query.
 type udpWriter struct {
-	conn *net.UDPConn
-	to   netip.AddrPort
+	answer
+	out *batchio.Writer
+	to  netip.AddrPort
 }
 
-var _ dns.ResponseWriter = (*udpWriter)(nil)
-
-func (w *udpWriter) LocalAddr() net.Addr  { return w.conn.LocalAddr() }
-func (w *udpWriter) RemoteAddr() net.Addr { return net.UDPAddrFromAddrPort(w.to) }
-func (w *udpWriter) WriteMsg(m *dns.Msg) error {
-	b, err := m.Pack()
-	if err != nil {
-		return err
+func (w *udpWriter) Write(reply []byte) error {
+	if !w.finish() {
+		return ErrAnswered
 	}
-	_, err = w.Write(b)
-	return err
+	return w.out.Send(w.to, reply)
 }
-func (w *udpWriter) Write(b []byte) (int, error) { return w.conn.WriteToUDPAddrPort(b, w.to) }
-func (w *udpWriter) Close() error                { return nil }
-func (w *udpWriter) TsigStatus() error           { return nil }
-func (w *udpWriter) TsigTimersOnly(bool)         {}
-func (w *udpWriter) Hijack()                     {}
+
+func (w *udpWriter) Drop() { w.finish() }

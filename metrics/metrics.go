@@ -14,19 +14,28 @@ import (
 
 const namespace = "dnsproxi"
 
-// The outcomes a query can end with: the values of the outcome label.
+// Outcome is how a query ended: a value of the outcome label.
+type Outcome int
+
+// The outcomes.
 const (
-	Forwarded     = "forwarded"      // the upstream's reply was relayed
-	RateLimited   = "rate_limited"   // refused by the entry gate
-	BreakerOpen   = "breaker_open"   // refused by the forward gate: SERVFAIL at once
-	UpstreamError = "upstream_error" // timeout, network error or no valid reply: SERVFAIL
-	Overloaded    = "overloaded"     // too many queries in flight: REFUSED at once
-	FormErr       = "formerr"        // the query could not be parsed or had no single question
-	NotImp        = "notimp"         // an opcode other than QUERY
+	Forwarded     Outcome = iota // the upstream's reply was relayed
+	RateLimited                  // refused by the entry gate: dropped
+	BreakerOpen                  // refused by the forward gate: SERVFAIL at once
+	UpstreamError                // timeout, network error or no valid reply: SERVFAIL
+	Overloaded                   // too many queries in flight: REFUSED at once
+	FormErr                      // not a single question: FORMERR
+	NotImp                       // an opcode other than QUERY: NOTIMP
+	numOutcomes
 )
 
-// Outcomes lists every outcome, in the order dashboards show them.
-var Outcomes = []string{Forwarded, RateLimited, BreakerOpen, UpstreamError, Overloaded, FormErr, NotImp}
+var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp"}
+
+// String returns the outcome's label value.
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// Outcomes lists every outcome's label value, in the order dashboards show them.
+var Outcomes = outcomeNames[:]
 
 // QTypes lists the query types counted under their own name; any other is "OTHER".
 var QTypes = []uint16{
@@ -52,7 +61,8 @@ type Metrics struct {
 	BreakerChanges   *prometheus.CounterVec
 	Dropped          *prometheus.CounterVec
 
-	byType map[uint16]string
+	byType map[uint16]int                    // query type → row of counts
+	counts [][numOutcomes]prometheus.Counter // [qtype row][outcome]: resolved once, so counting is one atomic add
 }
 
 // New declares the collectors on a fresh registry, with the Go and process
@@ -89,16 +99,20 @@ func New() *Metrics {
 			Namespace: namespace, Name: "server_dropped_total",
 			Help: "Packets and connections the server answered or dropped before the handler, by reason.",
 		}, []string{"reason"}),
-		byType: make(map[uint16]string, len(QTypes)),
+		byType: make(map[uint16]int, len(QTypes)),
 	}
-	for _, t := range QTypes {
-		m.byType[t] = dns.TypeToString[t]
+	rows := make([]string, 0, len(QTypes)+1)
+	for i, t := range QTypes {
+		m.byType[t] = i
+		rows = append(rows, dns.TypeToString[t])
 	}
-	for _, o := range Outcomes {
-		for _, t := range QTypes {
-			m.Queries.WithLabelValues(dns.TypeToString[t], o)
+	rows = append(rows, OtherQType)
+	for _, qtype := range rows {
+		var row [numOutcomes]prometheus.Counter
+		for j, o := range Outcomes {
+			row[j] = m.Queries.WithLabelValues(qtype, o) // every combination starts at 0
 		}
-		m.Queries.WithLabelValues(OtherQType, o)
+		m.counts = append(m.counts, row)
 	}
 	for _, from := range States {
 		for _, to := range States {
@@ -116,17 +130,23 @@ func New() *Metrics {
 	return m
 }
 
-// QType returns the qtype label for t.
-func (m *Metrics) QType(t uint16) string {
-	if s, ok := m.byType[t]; ok {
-		return s
+// QType returns the row of counts for query type t: its own, or OTHER's.
+func (m *Metrics) QType(t uint16) QTypeRow {
+	if i, ok := m.byType[t]; ok {
+		return QTypeRow(i)
 	}
-	return OtherQType
+	return QTypeRow(len(QTypes))
 }
 
-// Count adds one query of type qtype (a label from QType) with outcome.
-func (m *Metrics) Count(qtype, outcome string) {
-	m.Queries.WithLabelValues(qtype, outcome).Inc()
+// QTypeRow picks a query type's counts; get one from QType.
+type QTypeRow int
+
+// OtherRow is the row of the types counted as OTHER.
+var OtherRow = QTypeRow(len(QTypes))
+
+// Count adds one query of type row with outcome.
+func (m *Metrics) Count(row QTypeRow, outcome Outcome) {
+	m.counts[row][outcome].Inc()
 }
 
 // Handler serves the registry in the Prometheus text format.

@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"context"
 	"encoding/binary"
 	"io"
 	"math/rand/v2"
@@ -9,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/miekg/dns"
+	"dnsproxi/internal/wire"
 )
 
 // tcpPool keeps idle connections to the upstream for reuse, newest last,
@@ -69,69 +68,62 @@ func (p *tcpPool) close() {
 	p.conns = nil
 }
 
-// exchange sends wire over a pooled or new connection. A pooled connection
-// may have been closed by the upstream while idle; then the query is sent
-// once more on a fresh one.
-func (p *tcpPool) exchange(ctx context.Context, wire []byte, q dns.Question, deadline time.Time) (*dns.Msg, error) {
+// exchange sends query over a pooled or new connection and returns the
+// reply. A pooled connection may have been closed by the upstream while
+// idle; then the query is sent once more on a fresh one.
+func (p *tcpPool) exchange(query []byte, qend int, deadline time.Time) ([]byte, error) {
 	if c := p.get(); c != nil {
-		m, sent, err := p.exchangeOn(ctx, c, wire, q, deadline)
+		reply, sent, err := p.exchangeOn(c, query, qend, deadline)
 		if sent || err == nil {
-			return m, err
+			return reply, err
 		}
 	}
 	d := net.Dialer{Deadline: deadline}
-	c, err := d.DialContext(ctx, "tcp", p.addr)
+	c, err := d.Dial("tcp", p.addr)
 	if err != nil {
-		return nil, err
+		return nil, timeoutOr(err)
 	}
-	m, _, err := p.exchangeOn(ctx, c, wire, q, deadline)
-	return m, err
+	reply, _, err := p.exchangeOn(c, query, qend, deadline)
+	return reply, err
 }
 
-// exchangeOn runs one exchange on c and returns c to the pool if it went
-// well. sent reports whether any reply bytes arrived: if none did on a reused
-// connection, it is safe to try again.
-func (p *tcpPool) exchangeOn(ctx context.Context, c net.Conn, wire []byte, q dns.Question, deadline time.Time) (m *dns.Msg, sent bool, err error) {
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
+// exchangeOn runs one exchange on c under a fresh random ID and returns c to
+// the pool if it went well. sent reports whether any reply bytes arrived: if
+// none did on a reused connection, it is safe to try again.
+func (p *tcpPool) exchangeOn(c net.Conn, query []byte, qend int, deadline time.Time) (reply []byte, sent bool, err error) {
 	c.SetDeadline(deadline)
-
-	id := uint16(rand.Uint32())
-	out := make([]byte, 2+len(wire))
-	binary.BigEndian.PutUint16(out, uint16(len(wire)))
-	copy(out[2:], wire)
-	binary.BigEndian.PutUint16(out[2:], id)
+	out := make([]byte, 2+len(query))
+	binary.BigEndian.PutUint16(out, uint16(len(query)))
+	copy(out[2:], query)
+	wire.SetID(out[2:], uint16(rand.Uint32()))
 	if _, err := c.Write(out); err != nil {
 		c.Close()
 		return nil, false, err
 	}
+	sentQ := &call{wire: out[2:], qend: qend}
 	// Read until the reply that answers this query; anything else on the
 	// stream (a stray duplicate, a wrong ID, garbage) is skipped, as over UDP.
 	for {
 		var lenBuf [2]byte
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
 			c.Close()
-			return nil, sent, p.timeoutOr(ctx, err)
+			return nil, sent, timeoutOr(err)
 		}
 		sent = true
 		buf := make([]byte, binary.BigEndian.Uint16(lenBuf[:]))
 		if _, err := io.ReadFull(c, buf); err != nil {
 			c.Close()
-			return nil, sent, p.timeoutOr(ctx, err)
+			return nil, sent, timeoutOr(err)
 		}
-		m = new(dns.Msg)
-		if m.Unpack(buf) == nil && answers(m, id, q) {
+		if sentQ.answers(buf) {
 			p.put(c)
-			return m, sent, nil
+			return buf, sent, nil
 		}
 	}
 }
 
 // timeoutOr names a deadline error for what it is.
-func (p *tcpPool) timeoutOr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
+func timeoutOr(err error) error {
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		return ErrTimeout
 	}

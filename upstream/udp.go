@@ -1,134 +1,158 @@
 package upstream
 
 import (
-	"context"
-	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/batchio"
+	"dnsproxi/internal/wire"
 )
 
-// udpSocket is one long-lived connected UDP socket. Exchanges register under
-// a random free ID; one reader goroutine hands each valid reply to its
-// exchange and ignores everything else.
+// udpSocket is one long-lived connected UDP socket. Queries are filed under
+// a random free ID; one reader hands each valid reply to its query and
+// ignores everything else.
 type udpSocket struct {
-	conn *net.UDPConn
+	u      *Upstream
+	conn   *net.UDPConn
+	writer *batchio.Writer
+	reader *batchio.Reader
+	done   chan struct{} // closed when the reader has stopped
 
 	mu      sync.Mutex
-	pending map[uint16]*udpCall
+	pending map[uint16]*call
 	closed  bool
-}
-
-// udpCall is one exchange waiting on a socket.
-type udpCall struct {
-	q     dns.Question
-	reply chan *dns.Msg // buffered 1: the reader never blocks
 }
 
 // maxPending keeps some IDs free so that picking a random free one stays quick.
 const maxPending = 60000
 
-func dialUDP(raddr *net.UDPAddr) (*udpSocket, error) {
+func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 	conn, err := net.DialUDP("udp", nil, raddr)
 	if err != nil {
 		return nil, err
 	}
-	s := &udpSocket{conn: conn, pending: make(map[uint16]*udpCall)}
+	conn.SetReadBuffer(4 << 20)
+	conn.SetWriteBuffer(4 << 20)
+	r, err := batchio.NewReader(conn, batchio.MaxBatch, dns.MaxMsgSize)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	w, err := batchio.NewWriter(conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(map[uint16]*call)}
 	go s.read()
 	return s, nil
 }
 
+// close stops the socket and ends every query still waiting on it.
 func (s *udpSocket) close() {
 	s.mu.Lock()
 	s.closed = true
+	left := make([]*call, 0, len(s.pending))
+	for id, c := range s.pending {
+		left = append(left, c)
+		delete(s.pending, id)
+	}
 	s.mu.Unlock()
+	s.writer.Close()
 	s.conn.Close()
-}
-
-func (s *udpSocket) exchange(ctx context.Context, wire []byte, q dns.Question, deadline time.Time) (*dns.Msg, error) {
-	call := &udpCall{q: q, reply: make(chan *dns.Msg, 1)}
-	id, err := s.register(call)
-	if err != nil {
-		return nil, err
-	}
-	defer s.unregister(id)
-
-	out := make([]byte, len(wire)) // wire is shared with a TC retry: keep it intact
-	copy(out, wire)
-	binary.BigEndian.PutUint16(out, id)
-	if _, err := s.conn.Write(out); err != nil {
-		return nil, err
-	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	select {
-	case m := <-call.reply:
-		return m, nil
-	case <-timer.C:
-		return nil, ErrTimeout
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	<-s.done
+	for _, c := range left {
+		c.finish(nil, ErrClosed)
 	}
 }
 
-// register files call under a random ID that no other exchange on this
-// socket is using.
-func (s *udpSocket) register(call *udpCall) (uint16, error) {
+// send files c under a random free ID and queues it for the writer.
+func (s *udpSocket) send(c *call) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		return 0, ErrClosed
+		s.mu.Unlock()
+		return ErrClosed
 	}
 	if len(s.pending) >= maxPending {
-		return 0, ErrBusy
+		s.mu.Unlock()
+		return ErrBusy
 	}
+	var id uint16
 	for {
-		id := uint16(rand.Uint32())
+		id = uint16(rand.Uint32())
 		if _, taken := s.pending[id]; !taken {
-			s.pending[id] = call
-			return id, nil
+			break
 		}
 	}
-}
-
-func (s *udpSocket) unregister(id uint16) {
-	s.mu.Lock()
-	delete(s.pending, id)
+	wire.SetID(c.wire, id)
+	s.pending[id] = c
+	// Queued under the lock: once c is in the table, a reply or the sweeper
+	// may finish and recycle it, and c.wire with it.
+	err := s.writer.Send(netip.AddrPort{}, c.wire)
+	if err != nil {
+		delete(s.pending, id)
+	}
 	s.mu.Unlock()
+	return err
 }
 
-// read hands replies to their exchanges until the socket is closed.
+// take removes and returns the query waiting under id if reply answers it.
+func (s *udpSocket) take(id uint16, reply []byte) *call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.pending[id]
+	if c == nil || !c.answers(reply) {
+		return nil // late, duplicate, spoofed or not an answer: keep waiting for the real one
+	}
+	delete(s.pending, id)
+	return c
+}
+
+// takeExpired removes the queries whose deadline is before now and appends them to out.
+func (s *udpSocket) takeExpired(now time.Time, out []*call) []*call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, c := range s.pending {
+		if now.After(c.deadline) {
+			delete(s.pending, id)
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// read hands replies to their queries until the socket is closed.
 func (s *udpSocket) read() {
-	buf := make([]byte, dns.MaxMsgSize)
+	defer close(s.done)
 	for {
-		n, err := s.conn.Read(buf)
+		n, err := s.reader.Read()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			continue // ICMP port unreachable and the like: the exchange times out
-		}
-		if n < 12 {
+			time.Sleep(time.Millisecond) // ICMP port unreachable and the like: the queries time out
 			continue
 		}
-		id := binary.BigEndian.Uint16(buf)
-		s.mu.Lock()
-		call := s.pending[id]
-		s.mu.Unlock()
-		if call == nil {
-			continue // late, duplicate or spoofed
-		}
-		m := new(dns.Msg)
-		if m.Unpack(buf[:n]) != nil || !answers(m, id, call.q) {
-			continue // not the answer: keep waiting for the real one
-		}
-		select {
-		case call.reply <- m:
-		default: // a second valid copy: the first one won
+		for i := range n {
+			reply := s.reader.Packet(i)
+			if len(reply) < wire.HeaderLen {
+				continue
+			}
+			c := s.take(wire.ID(reply), reply)
+			if c == nil {
+				continue
+			}
+			if wire.Flags(reply)&wire.FlagTC != 0 {
+				s.u.forwardTCP(c) // the whole answer, over TCP, before the same deadline
+				continue
+			}
+			c.finish(reply, nil)
 		}
 	}
 }

@@ -1,13 +1,20 @@
-// Package upstream is the client side of the proxy: it exchanges a query
-// with one upstream resolver and returns only a reply that answers it.
+// Package upstream is the client side of the proxy: it forwards a query to
+// one upstream resolver and hands back only a reply that answers it.
 //
-// Every exchange goes out under a fresh random message ID; a reply is
-// accepted only if its ID, QR bit and question (name, type, class) match what
-// was sent, and anything else is ignored while the exchange keeps waiting
-// until its deadline, so a stray or spoofed datagram never reaches the
-// client. UDP queries share a fixed set of long-lived sockets, each on its
-// own source port, demultiplexed by ID; a UDP reply with TC set is retried
-// over TCP; TCP connections are reused and expire when idle.
+// Every query goes out under a fresh random message ID; a reply is accepted
+// only if its ID, QR bit and question (name, type, class) match what was
+// sent, and anything else is ignored while the query keeps waiting until its
+// deadline, so a stray or spoofed datagram never reaches the client. UDP
+// queries share a fixed set of long-lived sockets, each on its own source
+// port, read and written in batches and demultiplexed by ID; a UDP reply
+// with TC set is fetched again over TCP; TCP connections are reused and
+// expire when idle.
+//
+// Forward never blocks. It reports the outcome of every query exactly once,
+// to the Result it was given: the reply, or why there is none (a deadline
+// passed, the network failed, the upstream was closed). Whoever takes a
+// query out of the table of queries in flight — the reader with its reply,
+// the sweeper at its deadline, Close — is the one that reports it.
 package upstream
 
 import (
@@ -15,11 +22,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
 
 // Defaults for Config's zero fields.
@@ -30,30 +39,40 @@ const (
 	DefaultTCPConns   = 16
 )
 
-// Errors an exchange can end with; callers use errors.Is.
+// Errors a query can end with; callers use errors.Is.
 var (
 	ErrTimeout = errors.New("upstream: no valid reply before the deadline")
 	ErrBusy    = errors.New("upstream: no free message ID on the socket")
-	ErrNoQuery = errors.New("upstream: query has no single question")
+	ErrNoQuery = errors.New("upstream: query has no question to match a reply against")
 	ErrClosed  = errors.New("upstream: closed")
 )
 
-// Config sets where and how to exchange. A zero field takes its default.
+// Result receives the outcome of one query, exactly once: query is the
+// query as the client sent it, reply the upstream's answer with the client's
+// ID (nil with an error). Both are only valid until Result returns.
+type Result func(query, reply []byte, err error)
+
+// Config sets where and how to forward. A zero field takes its default.
 type Config struct {
 	Addr       string        // upstream host:port
-	Timeout    time.Duration // deadline of one exchange, TC retry included (default 2s)
+	Timeout    time.Duration // deadline of one query, TC retry included (default 2s)
 	UDPSockets int           // long-lived UDP sockets, each its own source port (default 8)
 	TCPIdle    time.Duration // an idle TCP connection is closed after this (default 10s)
 	TCPConns   int           // idle TCP connections kept for reuse (default 16)
 }
 
-// Upstream exchanges queries with one resolver. It is safe for concurrent use.
+// Upstream forwards queries to one resolver. It is safe for concurrent use.
 type Upstream struct {
 	cfg   Config
 	raddr *net.UDPAddr
 	socks []*udpSocket
 	next  atomic.Uint32 // round-robin over socks
 	tcp   *tcpPool
+
+	tcpCalls  sync.WaitGroup // queries over TCP under way
+	stopSweep chan struct{}
+	sweeper   sync.WaitGroup
+	closed    atomic.Bool
 }
 
 // New resolves cfg.Addr once and opens the UDP sockets.
@@ -74,72 +93,168 @@ func New(cfg Config) (*Upstream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Addr, err)
 	}
-	u := &Upstream{cfg: cfg, raddr: raddr, tcp: newTCPPool(raddr.String(), cfg.TCPConns, cfg.TCPIdle)}
+	u := &Upstream{cfg: cfg, raddr: raddr, tcp: newTCPPool(raddr.String(), cfg.TCPConns, cfg.TCPIdle),
+		stopSweep: make(chan struct{})}
 	for range cfg.UDPSockets {
-		s, err := dialUDP(raddr)
+		s, err := dialUDP(u, raddr)
 		if err != nil {
 			u.Close()
 			return nil, fmt.Errorf("upstream %q: %w", cfg.Addr, err)
 		}
 		u.socks = append(u.socks, s)
 	}
+	u.sweeper.Add(1)
+	go u.sweep()
 	return u, nil
 }
 
 // Addr returns the upstream's address.
 func (u *Upstream) Addr() string { return u.raddr.String() }
 
-// Close closes every socket; exchanges under way end with an error.
+// Close closes every socket. Queries still waiting end with ErrClosed.
 func (u *Upstream) Close() error {
+	if u.closed.Swap(true) {
+		return nil
+	}
+	close(u.stopSweep)
+	u.sweeper.Wait()
 	for _, s := range u.socks {
 		s.close()
 	}
 	u.tcp.close()
+	u.tcpCalls.Wait()
 	return nil
 }
 
-// Exchange sends req to the upstream over network ("udp" or "tcp") and
-// returns the first valid reply, with req's ID. Over UDP, a truncated reply
-// is retried over TCP. The exchange ends at the configured timeout or when
-// ctx ends, whichever comes first. req is not modified.
+// Forward sends query (a packet with one question) over network ("udp" or
+// "tcp") and reports the outcome to done, exactly once, later or before it
+// returns. Over UDP a truncated reply is fetched again over TCP. query is
+// copied: the caller may reuse it once Forward returns.
+func (u *Upstream) Forward(query []byte, network string, done Result) {
+	qend, ok := wire.QuestionEnd(query)
+	if !ok {
+		done(query, nil, ErrNoQuery)
+		return
+	}
+	if u.closed.Load() {
+		done(query, nil, ErrClosed)
+		return
+	}
+	c := newCall(query, qend, done, time.Now().Add(u.cfg.Timeout))
+	if network == "tcp" {
+		u.forwardTCP(c)
+		return
+	}
+	s := u.socks[int(u.next.Add(1))%len(u.socks)]
+	if err := s.send(c); err != nil {
+		c.finish(nil, err)
+	}
+}
+
+// forwardTCP runs the exchange over TCP on a goroutine of its own.
+func (u *Upstream) forwardTCP(c *call) {
+	u.tcpCalls.Add(1)
+	go func() {
+		defer u.tcpCalls.Done()
+		reply, err := u.tcp.exchange(c.wire, c.qend, c.deadline)
+		c.finish(reply, err)
+	}()
+}
+
+// sweep ends the queries whose deadline has passed, a few times per timeout.
+func (u *Upstream) sweep() {
+	defer u.sweeper.Done()
+	every := min(max(u.cfg.Timeout/20, time.Millisecond), 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var expired []*call
+	for {
+		select {
+		case <-u.stopSweep:
+			return
+		case now := <-t.C:
+			for _, s := range u.socks {
+				expired = s.takeExpired(now, expired[:0])
+				for _, c := range expired {
+					c.finish(nil, ErrTimeout)
+				}
+			}
+		}
+	}
+}
+
+// Exchange sends req and waits for its answer: Forward for callers that
+// want a *dns.Msg and can wait. The answer carries req's ID. If ctx ends
+// first, Exchange returns ctx's error; the query itself runs to its deadline.
 func (u *Upstream) Exchange(ctx context.Context, req *dns.Msg, network string) (*dns.Msg, error) {
 	if len(req.Question) != 1 {
 		return nil, ErrNoQuery
 	}
-	wire, err := req.Pack()
+	query, err := req.Pack()
 	if err != nil {
 		return nil, fmt.Errorf("upstream: packing the query: %w", err)
 	}
-	deadline := time.Now().Add(u.cfg.Timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	type outcome struct {
+		m   *dns.Msg
+		err error
 	}
-	q := req.Question[0]
-	var reply *dns.Msg
-	if network != "tcp" {
-		s := u.socks[int(u.next.Add(1))%len(u.socks)]
-		reply, err = s.exchange(ctx, wire, q, deadline)
-		if err != nil || !reply.Truncated {
-			return restoreID(reply, req.Id), err
+	ch := make(chan outcome, 1)
+	u.Forward(query, network, func(_, reply []byte, err error) {
+		if err != nil {
+			ch <- outcome{nil, err}
+			return
 		}
+		m := new(dns.Msg)
+		if err := m.Unpack(reply); err != nil {
+			ch <- outcome{nil, err}
+			return
+		}
+		ch <- outcome{m, nil}
+	})
+	select {
+	case o := <-ch:
+		return o.m, o.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	reply, err = u.tcp.exchange(ctx, wire, q, deadline)
-	return restoreID(reply, req.Id), err
 }
 
-func restoreID(m *dns.Msg, id uint16) *dns.Msg {
-	if m != nil {
-		m.Id = id
-	}
-	return m
+// call is one query in flight.
+type call struct {
+	wire     []byte // the query as sent, under the upstream ID while it is out
+	clientID uint16
+	qend     int // wire[12:qend] is the question
+	deadline time.Time
+	done     Result
 }
 
-// answers reports whether m is a reply to the question q asked under id.
-// Names compare without regard to case: some resolvers change it.
-func answers(m *dns.Msg, id uint16, q dns.Question) bool {
-	if m.Id != id || !m.Response || len(m.Question) != 1 {
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+func newCall(query []byte, qend int, done Result, deadline time.Time) *call {
+	c := calls.Get().(*call)
+	c.wire = append(c.wire[:0], query...)
+	c.clientID, c.qend, c.deadline, c.done = wire.ID(query), qend, deadline, done
+	return c
+}
+
+// finish reports the outcome and recycles the call. reply, if any, gets the
+// client's ID. Only the one who took c out of the table calls it.
+func (c *call) finish(reply []byte, err error) {
+	wire.SetID(c.wire, c.clientID)
+	if reply != nil {
+		wire.SetID(reply, c.clientID)
+	}
+	c.done(c.wire, reply, err)
+	c.done = nil
+	calls.Put(c)
+}
+
+// answers reports whether reply answers the query c sent: the same ID, QR
+// set, one question, and that question the same as the query's.
+func (c *call) answers(reply []byte) bool {
+	if len(reply) < c.qend || wire.ID(reply) != wire.ID(c.wire) || wire.Flags(reply)&wire.FlagQR == 0 {
 		return false
 	}
-	got := m.Question[0]
-	return got.Qtype == q.Qtype && got.Qclass == q.Qclass && strings.EqualFold(got.Name, q.Name)
+	qd, _, _, _ := wire.Counts(reply)
+	return qd == 1 && wire.EqualQuestion(reply[wire.HeaderLen:c.qend], c.wire[wire.HeaderLen:c.qend])
 }

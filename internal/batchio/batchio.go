@@ -1,0 +1,150 @@
+// Package batchio moves UDP datagrams in batches: on Linux one recvmmsg or
+// sendmmsg system call carries up to MaxBatch packets, elsewhere one call
+// carries one. A Reader belongs to one goroutine; a Writer takes packets from
+// any number of goroutines and sends them from a goroutine of its own, so
+// that the packets queued while it was sending go out together.
+package batchio
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+)
+
+// MaxBatch is the most packets one system call moves.
+const MaxBatch = 32
+
+// MaxQueued bounds a Writer's queue; beyond it Send drops the packet.
+const MaxQueued = 8192
+
+// ErrQueueFull is returned by Send when the queue is at MaxQueued.
+var ErrQueueFull = errors.New("batchio: send queue full")
+
+// Reader reads datagrams from one socket, up to MaxBatch per call.
+type Reader struct {
+	conn  *net.UDPConn
+	bufs  [][]byte
+	sizes []int
+	addrs []netip.AddrPort
+	sys   readerSys // the platform's part
+}
+
+// NewReader returns a Reader with batch buffers of bufSize bytes each.
+func NewReader(conn *net.UDPConn, batch, bufSize int) (*Reader, error) {
+	batch = min(max(batch, 1), MaxBatch)
+	r := &Reader{conn: conn, bufs: make([][]byte, batch), sizes: make([]int, batch), addrs: make([]netip.AddrPort, batch)}
+	for i := range r.bufs {
+		r.bufs[i] = make([]byte, bufSize)
+	}
+	return r, r.sys.init(r)
+}
+
+// Read waits for at least one datagram and returns how many it read.
+// Packet and Addr give them until the next Read.
+func (r *Reader) Read() (int, error) { return r.sys.read(r) }
+
+// Packet returns the i-th datagram of the last Read.
+func (r *Reader) Packet(i int) []byte { return r.bufs[i][:r.sizes[i]] }
+
+// Addr returns the sender of the i-th datagram of the last Read.
+func (r *Reader) Addr(i int) netip.AddrPort { return r.addrs[i] }
+
+// Writer sends datagrams on one socket from a goroutine of its own.
+type Writer struct {
+	conn *net.UDPConn
+	wake chan struct{} // a token: there is something to send
+
+	mu      sync.Mutex
+	queue   []packet // waiting to be sent
+	arena   []byte   // their payloads
+	closed  bool
+	stopped chan struct{}
+
+	sys writerSys
+}
+
+type packet struct {
+	to         netip.AddrPort // the zero value on a connected socket
+	start, end int            // in arena
+}
+
+// NewWriter starts a Writer on conn.
+func NewWriter(conn *net.UDPConn) (*Writer, error) {
+	w := &Writer{conn: conn, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	if err := w.sys.init(w); err != nil {
+		return nil, err
+	}
+	go w.run()
+	return w, nil
+}
+
+// Send queues a copy of p for to (the zero AddrPort on a connected socket).
+// It never blocks; a full queue drops the packet and returns ErrQueueFull.
+func (w *Writer) Send(to netip.AddrPort, p []byte) error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return net.ErrClosed
+	}
+	if len(w.queue) >= MaxQueued {
+		w.mu.Unlock()
+		return ErrQueueFull
+	}
+	start := len(w.arena)
+	w.arena = append(w.arena, p...)
+	w.queue = append(w.queue, packet{to: to, start: start, end: len(w.arena)})
+	first := len(w.queue) == 1
+	w.mu.Unlock()
+	if first {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// Close sends what is queued, then stops the Writer. It does not close the socket.
+func (w *Writer) Close() {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.closed = true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	<-w.stopped
+}
+
+// run sends batches until Close. It swaps the queue for an empty one so that
+// senders never wait for a system call.
+func (w *Writer) run() {
+	defer close(w.stopped)
+	var queue []packet
+	var arena []byte
+	for range w.wake {
+		for {
+			w.mu.Lock()
+			queue, w.queue = w.queue, queue[:0]
+			arena, w.arena = w.arena, arena[:0]
+			closed := w.closed
+			w.mu.Unlock()
+			if len(queue) == 0 {
+				if closed {
+					return
+				}
+				break
+			}
+			for len(queue) > 0 {
+				n := w.sys.write(w, queue[:min(len(queue), MaxBatch)], arena)
+				queue = queue[n:]
+			}
+			queue = queue[:0]
+		}
+	}
+}

@@ -1,0 +1,161 @@
+package batchio
+
+import (
+	"encoding/binary"
+	"net"
+
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+type readerSys struct {
+	rc    syscall.RawConn
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrAny
+}
+
+func (s *readerSys) init(r *Reader) error {
+	rc, err := r.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	n := len(r.bufs)
+	s.rc, s.hdrs, s.iovs, s.names = rc, make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]unix.RawSockaddrAny, n)
+	for i := range n {
+		s.iovs[i].Base = &r.bufs[i][0]
+		s.iovs[i].SetLen(len(r.bufs[i]))
+		s.hdrs[i].Hdr.Iov = &s.iovs[i]
+		s.hdrs[i].Hdr.SetIovlen(1)
+		s.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+	}
+	return nil
+}
+
+func (s *readerSys) read(r *Reader) (int, error) {
+	var n int
+	var serr error
+	err := s.rc.Read(func(fd uintptr) bool {
+		for i := range s.hdrs {
+			s.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
+			s.hdrs[i].Hdr.Flags = 0
+		}
+		r1, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)),
+			unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			n = int(r1)
+		case unix.EAGAIN:
+			return false // wait until readable
+		case unix.EINTR:
+			return false
+		default:
+			serr = e
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, serr
+	}
+	for i := range n {
+		r.sizes[i] = int(s.hdrs[i].Len)
+		r.addrs[i] = decodeAddr(&s.names[i], s.hdrs[i].Hdr.Namelen)
+	}
+	return n, nil
+}
+
+// decodeAddr reads an IPv4 or IPv6 socket address; anything else is the zero AddrPort.
+func decodeAddr(sa *unix.RawSockaddrAny, n uint32) netip.AddrPort {
+	switch sa.Addr.Family {
+	case unix.AF_INET:
+		if n < unix.SizeofSockaddrInet4 {
+			return netip.AddrPort{}
+		}
+		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&in.Port))[:])
+		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), port)
+	case unix.AF_INET6:
+		if n < unix.SizeofSockaddrInet6 {
+			return netip.AddrPort{}
+		}
+		in := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&in.Port))[:])
+		return netip.AddrPortFrom(netip.AddrFrom16(in.Addr).Unmap(), port)
+	}
+	return netip.AddrPort{}
+}
+
+// encodeAddr writes ap as a socket address of the socket's family and returns its length.
+func encodeAddr(sa *unix.RawSockaddrAny, ap netip.AddrPort, v6 bool) uint32 {
+	if !v6 {
+		in := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		*in = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: ap.Addr().Unmap().As4()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&in.Port))[:], ap.Port())
+		return unix.SizeofSockaddrInet4
+	}
+	in := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
+	*in = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16()}
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&in.Port))[:], ap.Port())
+	return unix.SizeofSockaddrInet6
+}
+
+type writerSys struct {
+	rc    syscall.RawConn
+	v6    bool
+	hdrs  [MaxBatch]unix.Mmsghdr
+	iovs  [MaxBatch]unix.Iovec
+	names [MaxBatch]unix.RawSockaddrAny
+}
+
+func (s *writerSys) init(w *Writer) error {
+	rc, err := w.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	s.rc = rc
+	if la, ok := w.conn.LocalAddr().(*net.UDPAddr); ok {
+		s.v6 = la.IP.To4() == nil
+	}
+	return nil
+}
+
+// write sends the packets in one sendmmsg and returns how many it is done
+// with: sent, or dropped because the kernel refused them.
+func (s *writerSys) write(w *Writer, ps []packet, arena []byte) int {
+	for i, p := range ps {
+		h := &s.hdrs[i].Hdr
+		s.iovs[i].Base = &arena[p.start]
+		s.iovs[i].SetLen(p.end - p.start)
+		h.Iov = &s.iovs[i]
+		h.SetIovlen(1)
+		h.Name, h.Namelen = nil, 0
+		if p.to.IsValid() {
+			h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+			h.Namelen = encodeAddr(&s.names[i], p.to, s.v6)
+		}
+	}
+	var n int
+	err := s.rc.Write(func(fd uintptr) bool {
+		r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(ps)),
+			unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			n = int(r1)
+		case unix.EAGAIN, unix.EINTR:
+			return false // wait until writable
+		default:
+			n = 1 // the first packet was refused (e.g. ECONNREFUSED from an earlier ICMP): drop it, go on
+		}
+		return true
+	})
+	if err != nil || n == 0 {
+		return len(ps) // the socket is closed: nothing more will go out
+	}
+	return n
+}

@@ -1,0 +1,31 @@
+//go:build !linux
+
+package batchio
+
+type readerSys struct{}
+
+func (readerSys) init(*Reader) error { return nil }
+
+// read reads one datagram: without recvmmsg, a batch of one.
+func (readerSys) read(r *Reader) (int, error) {
+	n, from, err := r.conn.ReadFromUDPAddrPort(r.bufs[0])
+	if err != nil {
+		return 0, err
+	}
+	r.sizes[0], r.addrs[0] = n, from
+	return 1, nil
+}
+
+type writerSys struct{}
+
+func (writerSys) init(*Writer) error { return nil }
+
+func (writerSys) write(w *Writer, ps []packet, arena []byte) int {
+	p := ps[0]
+	if p.to.IsValid() {
+		w.conn.WriteToUDPAddrPort(arena[p.start:p.end], p.to)
+	} else {
+		w.conn.Write(arena[p.start:p.end])
+	}
+	return 1
+}

@@ -1,0 +1,97 @@
+package batchio
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func listen(t *testing.T, network, addr string) *net.UDPConn {
+	t.Helper()
+	ua, _ := net.ResolveUDPAddr(network, addr)
+	c, err := net.ListenUDP(network, ua)
+	if err != nil {
+		t.Skipf("%s on %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Everything a Writer is given arrives, in order, at the address given, and
+// a Reader reads it back with the sender's address.
+func TestWriterToReader(t *testing.T) {
+	for _, tt := range []struct{ network, addr string }{{"udp4", "127.0.0.1:0"}, {"udp6", "[::1]:0"}} {
+		t.Run(tt.network, func(t *testing.T) {
+			from, to := listen(t, tt.network, tt.addr), listen(t, tt.network, tt.addr)
+			to.SetReadBuffer(1 << 20)
+			w, err := NewWriter(from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := to.LocalAddr().(*net.UDPAddr).AddrPort()
+			const n = 300
+			for i := range n {
+				if err := w.Send(dst, []byte(fmt.Sprintf("packet %d", i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r, err := NewReader(to, MaxBatch, 1500)
+			if err != nil {
+				t.Fatal(err)
+			}
+			to.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, batches := 0, 0
+			src := from.LocalAddr().(*net.UDPAddr).AddrPort()
+			for got < n {
+				k, err := r.Read()
+				if err != nil {
+					t.Fatalf("after %d packets: %v", got, err)
+				}
+				batches++
+				for i := range k {
+					if want := fmt.Sprintf("packet %d", got); string(r.Packet(i)) != want {
+						t.Fatalf("packet %q, want %q", r.Packet(i), want)
+					}
+					if r.Addr(i) != src {
+						t.Fatalf("sender %v, want %v", r.Addr(i), src)
+					}
+					got++
+				}
+			}
+			w.Close()
+			t.Logf("%d packets in %d reads", n, batches)
+			if err := w.Send(dst, []byte("late")); err != net.ErrClosed {
+				t.Errorf("Send after Close = %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}
+
+func TestConnectedWriter(t *testing.T) {
+	to := listen(t, "udp4", "127.0.0.1:0")
+	c, err := net.DialUDP("udp", nil, to.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, _ := NewWriter(c)
+	defer w.Close()
+	w.Send(netip.AddrPort{}, []byte("hello"))
+	to.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	n, err := to.Read(buf)
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
+
+func TestReaderDeadline(t *testing.T) {
+	c := listen(t, "udp4", "127.0.0.1:0")
+	r, _ := NewReader(c, 4, 512)
+	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := r.Read(); err == nil {
+		t.Fatal("Read on an idle socket past its deadline returned no error")
+	}
+}
