@@ -246,11 +246,12 @@ func (s *Server) dropped(reason string) {
 // UDP: it parses it, answers FORMERR or drops it if it is not a query it can
 // parse, and hands the query to the handler otherwise. The server's readers
 // do the same for every packet; it is exported for fuzzing the parse step.
-func (s *Server) ServePacket(w ResponseWriter, pkt []byte) { s.serve(w, pkt, "udp") }
+func (s *Server) ServePacket(w ResponseWriter, pkt []byte) { s.serve(w, new(Query), pkt, "udp") }
 
-// serve takes one packet that w answers.
-func (s *Server) serve(w ResponseWriter, pkt []byte, network string) {
-	q, ok := s.parse(pkt, network)
+// serve takes one packet that w answers, parsed into q (which the caller
+// allocates with w, in one piece).
+func (s *Server) serve(w ResponseWriter, q *Query, pkt []byte, network string) {
+	ok := s.parse(q, pkt, network)
 	switch {
 	case !ok && len(pkt) >= wire.HeaderLen && wire.Flags(pkt)&wire.FlagQR == 0:
 		w.Write(wire.AppendReply(make([]byte, 0, wire.HeaderLen), pkt, wire.HeaderLen, dns.RcodeFormatError))
@@ -260,21 +261,21 @@ func (s *Server) serve(w ResponseWriter, pkt []byte, network string) {
 		s.dropped("overloaded")
 		w.Write(wire.AppendReply(make([]byte, 0, q.QEnd), pkt, q.QEnd, dns.RcodeRefused))
 	default:
-		s.Handler.ServeDNS(w, &q)
+		s.Handler.ServeDNS(w, q)
 	}
 }
 
 // parse reads a query. It reports false, and counts why, for anything that
 // is not a query the handler can be given.
-func (s *Server) parse(pkt []byte, network string) (Query, bool) {
-	q := Query{Wire: pkt, Net: network, QEnd: wire.HeaderLen, UDPSize: dns.MinMsgSize}
+func (s *Server) parse(q *Query, pkt []byte, network string) bool {
+	*q = Query{Wire: pkt, Net: network, QEnd: wire.HeaderLen, UDPSize: dns.MinMsgSize}
 	if len(pkt) < wire.HeaderLen {
 		s.dropped("malformed")
-		return q, false
+		return false
 	}
 	if wire.Flags(pkt)&wire.FlagQR != 0 {
 		s.dropped("response") // never answer an answer: that is how loops start
-		return q, false
+		return false
 	}
 	q.Opcode = wire.Opcode(pkt)
 	qd, an, ns, ar := wire.Counts(pkt)
@@ -288,23 +289,23 @@ func (s *Server) parse(pkt []byte, network string) (Query, bool) {
 	// The fast path: one question, and nothing after it but an OPT record.
 	if qd == 1 && haveQ && an == 0 && ns == 0 {
 		if ar == 0 && end == len(pkt) {
-			return q, true
+			return true
 		}
 		if size, ok := wire.EDNSSize(pkt, end); ar == 1 && ok {
 			q.UDPSize = max(size, dns.MinMsgSize)
-			return q, true
+			return true
 		}
 	}
 	// Anything else is checked by unpacking the whole message.
 	m := new(dns.Msg)
 	if err := m.Unpack(pkt); err != nil || (qd >= 1 && !haveQ) {
 		s.dropped("malformed")
-		return q, false
+		return false
 	}
 	if opt := m.IsEdns0(); opt != nil {
 		q.UDPSize = max(int(opt.UDPSize()), dns.MinMsgSize)
 	}
-	return q, true
+	return true
 }
 
 // answer is the part of a ResponseWriter that counts queries in and out.

@@ -297,7 +297,8 @@ func TestParse(t *testing.T) {
 	s := &Server{}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			q, ok := s.parse(tt.pkt, "udp")
+			var q Query
+			ok := s.parse(&q, tt.pkt, "udp")
 			if ok != tt.ok {
 				t.Fatalf("ok = %v, want %v", ok, tt.ok)
 			}

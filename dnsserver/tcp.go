@@ -84,7 +84,7 @@ func (s *Server) serveConn(c *net.TCPConn) {
 		tc.pipeline <- struct{}{} // released by the answer
 		w := &tcpWriter{conn: tc}
 		w.start(s)
-		s.serve(w, pkt, "tcp")
+		s.serve(w, &w.q, pkt, "tcp")
 	}
 }
 
@@ -92,6 +92,7 @@ func (s *Server) serveConn(c *net.TCPConn) {
 type tcpWriter struct {
 	answer
 	conn *tcpConn
+	q    Query
 }
 
 // Write sends one message with its length prefix.

@@ -73,7 +73,7 @@ func (s *Server) serveUDP(u *udpSocket) {
 		for i := range n {
 			w := &udpWriter{out: u.writer, to: u.reader.Addr(i)}
 			w.start(s)
-			s.serve(w, u.reader.Packet(i), "udp")
+			s.serve(w, &w.q, u.reader.Packet(i), "udp")
 		}
 	}
 }
@@ -83,6 +83,7 @@ type udpWriter struct {
 	answer
 	out *batchio.Writer
 	to  netip.AddrPort
+	q   Query // allocated with the writer: one allocation per query, not two
 }
 
 func (w *udpWriter) Write(reply []byte) error {

@@ -140,11 +140,9 @@ func (w *Writer) run() {
 				}
 				break
 			}
-			for len(queue) > 0 {
-				n := w.sys.write(w, queue[:min(len(queue), MaxBatch)], arena)
-				queue = queue[n:]
+			for sent := 0; sent < len(queue); { // by index: reslicing would shrink the reused slice
+				sent += w.sys.write(w, queue[sent:min(len(queue), sent+MaxBatch)], arena)
 			}
-			queue = queue[:0]
 		}
 	}
 }

@@ -12,10 +12,13 @@ import (
 )
 
 type readerSys struct {
-	rc    syscall.RawConn
-	hdrs  []unix.Mmsghdr
-	iovs  []unix.Iovec
-	names []unix.RawSockaddrAny
+	rc     syscall.RawConn
+	hdrs   []unix.Mmsghdr
+	iovs   []unix.Iovec
+	names  []unix.RawSockaddrAny
+	recvFn func(fd uintptr) bool // s.recv, made once: a closure per call would allocate
+	n      int                   // what recv got
+	err    error
 }
 
 func (s *readerSys) init(r *Reader) error {
@@ -25,6 +28,7 @@ func (s *readerSys) init(r *Reader) error {
 	}
 	n := len(r.bufs)
 	s.rc, s.hdrs, s.iovs, s.names = rc, make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]unix.RawSockaddrAny, n)
+	s.recvFn = s.recv
 	for i := range n {
 		s.iovs[i].Base = &r.bufs[i][0]
 		s.iovs[i].SetLen(len(r.bufs[i]))
@@ -36,38 +40,37 @@ func (s *readerSys) init(r *Reader) error {
 }
 
 func (s *readerSys) read(r *Reader) (int, error) {
-	var n int
-	var serr error
-	err := s.rc.Read(func(fd uintptr) bool {
-		for i := range s.hdrs {
-			s.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
-			s.hdrs[i].Hdr.Flags = 0
-		}
-		r1, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)),
-			unix.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			n = int(r1)
-		case unix.EAGAIN:
-			return false // wait until readable
-		case unix.EINTR:
-			return false
-		default:
-			serr = e
-		}
-		return true
-	})
-	if err != nil {
+	s.n, s.err = 0, nil
+	if err := s.rc.Read(s.recvFn); err != nil {
 		return 0, err
 	}
-	if serr != nil {
-		return 0, serr
+	if s.err != nil {
+		return 0, s.err
 	}
-	for i := range n {
+	for i := range s.n {
 		r.sizes[i] = int(s.hdrs[i].Len)
 		r.addrs[i] = decodeAddr(&s.names[i], s.hdrs[i].Hdr.Namelen)
 	}
-	return n, nil
+	return s.n, nil
+}
+
+// recv makes one recvmmsg call; it returns false to wait until the socket is readable.
+func (s *readerSys) recv(fd uintptr) bool {
+	for i := range s.hdrs {
+		s.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
+		s.hdrs[i].Hdr.Flags = 0
+	}
+	r1, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)),
+		unix.MSG_DONTWAIT, 0, 0)
+	switch e {
+	case 0:
+		s.n = int(r1)
+	case unix.EAGAIN, unix.EINTR:
+		return false
+	default:
+		s.err = e
+	}
+	return true
 }
 
 // decodeAddr reads an IPv4 or IPv6 socket address; anything else is the zero AddrPort.
@@ -106,11 +109,13 @@ func encodeAddr(sa *unix.RawSockaddrAny, ap netip.AddrPort, v6 bool) uint32 {
 }
 
 type writerSys struct {
-	rc    syscall.RawConn
-	v6    bool
-	hdrs  [MaxBatch]unix.Mmsghdr
-	iovs  [MaxBatch]unix.Iovec
-	names [MaxBatch]unix.RawSockaddrAny
+	rc     syscall.RawConn
+	v6     bool
+	hdrs   [MaxBatch]unix.Mmsghdr
+	iovs   [MaxBatch]unix.Iovec
+	names  [MaxBatch]unix.RawSockaddrAny
+	sendFn func(fd uintptr) bool // s.send, made once
+	count  int                   // packets in hdrs for send; then how many it is done with
 }
 
 func (s *writerSys) init(w *Writer) error {
@@ -119,6 +124,7 @@ func (s *writerSys) init(w *Writer) error {
 		return err
 	}
 	s.rc = rc
+	s.sendFn = s.send
 	if la, ok := w.conn.LocalAddr().(*net.UDPAddr); ok {
 		s.v6 = la.IP.To4() == nil
 	}
@@ -140,22 +146,24 @@ func (s *writerSys) write(w *Writer, ps []packet, arena []byte) int {
 			h.Namelen = encodeAddr(&s.names[i], p.to, s.v6)
 		}
 	}
-	var n int
-	err := s.rc.Write(func(fd uintptr) bool {
-		r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(ps)),
-			unix.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			n = int(r1)
-		case unix.EAGAIN, unix.EINTR:
-			return false // wait until writable
-		default:
-			n = 1 // the first packet was refused (e.g. ECONNREFUSED from an earlier ICMP): drop it, go on
-		}
-		return true
-	})
-	if err != nil || n == 0 {
+	s.count = len(ps)
+	if err := s.rc.Write(s.sendFn); err != nil || s.count == 0 {
 		return len(ps) // the socket is closed: nothing more will go out
 	}
-	return n
+	return s.count
+}
+
+// send makes one sendmmsg call; it returns false to wait until the socket is writable.
+func (s *writerSys) send(fd uintptr) bool {
+	r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.count),
+		unix.MSG_DONTWAIT, 0, 0)
+	switch e {
+	case 0:
+		s.count = int(r1)
+	case unix.EAGAIN, unix.EINTR:
+		return false
+	default:
+		s.count = 1 // the first packet was refused (e.g. ECONNREFUSED from an earlier ICMP): drop it, go on
+	}
+	return true
 }
