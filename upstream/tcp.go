@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"encoding/binary"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -11,115 +12,282 @@ import (
 	"dnsproxi/internal/wire"
 )
 
-// tcpPool keeps idle connections to the upstream for reuse, newest last,
-// and closes those idle for longer than idle.
-type tcpPool struct {
+// tcpSlots is how many TCP connections to the upstream the proxy keeps.
+const tcpSlots = 4
+
+// errConnLost ends a query whose connection failed after a retry.
+var errConnLost = errors.New("upstream: TCP connection lost")
+
+// tcpConns keeps a few long-lived TCP connections to the upstream and
+// pipelines queries on them (RFC 7766): many in flight per connection, each
+// under its own random ID, answered in any order. Nothing here blocks the
+// caller: a connection that must be dialled first is dialled on a goroutine
+// of its own, and writes go out from each connection's writer.
+type tcpConns struct {
+	u    *Upstream
 	addr string
-	max  int
 	idle time.Duration
 
 	mu     sync.Mutex
-	conns  []idleConn
+	slots  [tcpSlots]*tcpConn
+	next   int
 	closed bool
+	wg     sync.WaitGroup // dialers, readers and writers
 }
 
-type idleConn struct {
-	conn  net.Conn
-	since time.Time
+func newTCPConns(u *Upstream, addr string, idle time.Duration) *tcpConns {
+	return &tcpConns{u: u, addr: addr, idle: idle}
 }
 
-func newTCPPool(addr string, max int, idle time.Duration) *tcpPool {
-	return &tcpPool{addr: addr, max: max, idle: idle}
-}
+// busyConn is how many queries a connection may carry before the next
+// query goes to a new connection, while there is a free slot.
+const busyConn = 64
 
-// get returns an idle connection that has not expired, or nil.
-func (p *tcpPool) get() net.Conn {
+// send puts c on the least busy live connection, or on a new one.
+func (p *tcpConns) send(c *call) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	for len(p.conns) > 0 {
-		c := p.conns[len(p.conns)-1]
-		p.conns = p.conns[:len(p.conns)-1]
-		if now.Sub(c.since) < p.idle {
-			return c.conn
-		}
-		c.conn.Close()
-	}
-	return nil
-}
-
-func (p *tcpPool) put(c net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || len(p.conns) >= p.max {
-		c.Close()
+	if p.closed {
+		p.mu.Unlock()
+		c.finish(nil, ErrClosed)
 		return
 	}
-	p.conns = append(p.conns, idleConn{c, time.Now()})
+	var best *tcpConn
+	bestLoad, free := 0, -1
+	for i, tc := range p.slots {
+		if tc == nil || !tc.alive() {
+			if free < 0 {
+				free = i
+			}
+			continue
+		}
+		if n := tc.load(); best == nil || n < bestLoad {
+			best, bestLoad = tc, n
+		}
+	}
+	if best == nil || (bestLoad >= busyConn && free >= 0) {
+		best = p.dial(free)
+	}
+	p.mu.Unlock()
+	best.send(c)
 }
 
-func (p *tcpPool) close() {
+// dial fills slot i with a connection that takes queries at once and sends
+// them once it is connected. It requires that p.mu is held.
+func (p *tcpConns) dial(i int) *tcpConn {
+	tc := &tcpConn{p: p, pending: make(map[uint16]*call), wake: make(chan struct{}, 1)}
+	p.slots[i] = tc
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		d := net.Dialer{Deadline: time.Now().Add(p.u.cfg.Timeout)}
+		conn, err := d.Dial("tcp", p.addr)
+		if err != nil {
+			tc.fail(timeoutOr(err))
+			return
+		}
+		tc.mu.Lock()
+		if tc.dead { // closed while dialling
+			tc.mu.Unlock()
+			conn.Close()
+			return
+		}
+		tc.conn = conn
+		tc.mu.Unlock()
+		p.wg.Add(2)
+		go tc.read()
+		go tc.write()
+		tc.signal()
+	}()
+	return tc
+}
+
+// takeExpired removes the queries whose deadline is before now.
+func (p *tcpConns) takeExpired(now time.Time, out []*call) []*call {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	slots := p.slots
+	p.mu.Unlock()
+	for _, tc := range slots {
+		if tc != nil {
+			out = tc.takeExpired(now, out)
+		}
+	}
+	return out
+}
+
+// close ends every connection and every query on them, and waits for their goroutines.
+func (p *tcpConns) close() {
+	p.mu.Lock()
 	p.closed = true
-	for _, c := range p.conns {
-		c.conn.Close()
-	}
-	p.conns = nil
-}
-
-// exchange sends query over a pooled or new connection and returns the
-// reply. A pooled connection may have been closed by the upstream while
-// idle; then the query is sent once more on a fresh one.
-func (p *tcpPool) exchange(query []byte, qend int, deadline time.Time) ([]byte, error) {
-	if c := p.get(); c != nil {
-		reply, sent, err := p.exchangeOn(c, query, qend, deadline)
-		if sent || err == nil {
-			return reply, err
+	slots := p.slots
+	p.mu.Unlock()
+	for _, tc := range slots {
+		if tc != nil {
+			tc.fail(ErrClosed)
 		}
 	}
-	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("tcp", p.addr)
-	if err != nil {
-		return nil, timeoutOr(err)
-	}
-	reply, _, err := p.exchangeOn(c, query, qend, deadline)
-	return reply, err
+	p.wg.Wait()
 }
 
-// exchangeOn runs one exchange on c under a fresh random ID and returns c to
-// the pool if it went well. sent reports whether any reply bytes arrived: if
-// none did on a reused connection, it is safe to try again.
-func (p *tcpPool) exchangeOn(c net.Conn, query []byte, qend int, deadline time.Time) (reply []byte, sent bool, err error) {
-	c.SetDeadline(deadline)
-	out := make([]byte, 2+len(query))
-	binary.BigEndian.PutUint16(out, uint16(len(query)))
-	copy(out[2:], query)
-	wire.SetID(out[2:], uint16(rand.Uint32()))
-	if _, err := c.Write(out); err != nil {
-		c.Close()
-		return nil, false, err
+// tcpConn is one pipelined connection.
+type tcpConn struct {
+	p    *tcpConns
+	conn net.Conn
+	wake chan struct{} // the writer has frames to send
+
+	mu      sync.Mutex
+	pending map[uint16]*call
+	out     []byte // length-prefixed frames waiting for the writer
+	dead    bool
+}
+
+func (tc *tcpConn) alive() bool {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return !tc.dead
+}
+
+func (tc *tcpConn) load() int {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return len(tc.pending)
+}
+
+func (tc *tcpConn) signal() {
+	select {
+	case tc.wake <- struct{}{}:
+	default:
 	}
-	sentQ := &call{wire: out[2:], qend: qend}
-	// Read until the reply that answers this query; anything else on the
-	// stream (a stray duplicate, a wrong ID, garbage) is skipped, as over UDP.
+}
+
+// send files c under a random free ID and queues its frame.
+func (tc *tcpConn) send(c *call) {
+	tc.mu.Lock()
+	if tc.dead {
+		tc.mu.Unlock()
+		tc.p.send(c) // lost the race with a failure: another connection
+		return
+	}
+	if len(tc.pending) >= maxPending {
+		tc.mu.Unlock()
+		c.finish(nil, ErrBusy)
+		return
+	}
+	var id uint16
 	for {
-		var lenBuf [2]byte
-		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
-			c.Close()
-			return nil, sent, timeoutOr(err)
-		}
-		sent = true
-		buf := make([]byte, binary.BigEndian.Uint16(lenBuf[:]))
-		if _, err := io.ReadFull(c, buf); err != nil {
-			c.Close()
-			return nil, sent, timeoutOr(err)
-		}
-		if sentQ.answers(buf) {
-			p.put(c)
-			return buf, sent, nil
+		id = uint16(rand.Uint32())
+		if _, taken := tc.pending[id]; !taken {
+			break
 		}
 	}
+	wire.SetID(c.wire, id)
+	tc.pending[id] = c
+	tc.out = binary.BigEndian.AppendUint16(tc.out, uint16(len(c.wire)))
+	tc.out = append(tc.out, c.wire...)
+	tc.mu.Unlock()
+	tc.signal()
+}
+
+// write sends the queued frames, all that have gathered in one write.
+func (tc *tcpConn) write() {
+	defer tc.p.wg.Done()
+	var buf []byte
+	for range tc.wake {
+		tc.mu.Lock()
+		buf, tc.out = tc.out, buf[:0]
+		dead := tc.dead
+		tc.mu.Unlock()
+		if dead {
+			return
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		tc.conn.SetWriteDeadline(time.Now().Add(tc.p.u.cfg.Timeout))
+		if _, err := tc.conn.Write(buf); err != nil {
+			tc.fail(err)
+			return
+		}
+	}
+}
+
+// read hands each reply to its query until the connection fails or idles out.
+func (tc *tcpConn) read() {
+	defer tc.p.wg.Done()
+	buf := make([]byte, 65535)
+	var lenBuf [2]byte
+	for {
+		tc.conn.SetReadDeadline(time.Now().Add(tc.p.idle))
+		if _, err := io.ReadFull(tc.conn, lenBuf[:]); err != nil {
+			tc.fail(err)
+			return
+		}
+		reply := buf[:binary.BigEndian.Uint16(lenBuf[:])]
+		if _, err := io.ReadFull(tc.conn, reply); err != nil {
+			tc.fail(err)
+			return
+		}
+		if len(reply) < wire.HeaderLen {
+			continue
+		}
+		tc.mu.Lock()
+		c := tc.pending[wire.ID(reply)]
+		if c == nil || !c.answers(reply) {
+			tc.mu.Unlock()
+			continue // a stray duplicate, a wrong ID or garbage: skipped, as over UDP
+		}
+		delete(tc.pending, wire.ID(reply))
+		tc.mu.Unlock()
+		c.finish(reply, nil)
+	}
+}
+
+// fail closes the connection. Its queries go once more on another
+// connection if they have not been retried yet and time remains (the
+// upstream may have closed an idle connection as they were sent); the
+// others end with err.
+func (tc *tcpConn) fail(err error) {
+	tc.mu.Lock()
+	if tc.dead {
+		tc.mu.Unlock()
+		return
+	}
+	tc.dead = true
+	left := make([]*call, 0, len(tc.pending))
+	for id, c := range tc.pending {
+		left = append(left, c)
+		delete(tc.pending, id)
+	}
+	conn := tc.conn
+	tc.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+	tc.signal() // lets the writer see it is dead
+	now := time.Now()
+	for _, c := range left {
+		if !c.retried && now.Before(c.deadline) && !errors.Is(err, ErrClosed) {
+			c.retried = true
+			tc.p.send(c)
+			continue
+		}
+		if errors.Is(err, ErrClosed) {
+			c.finish(nil, ErrClosed)
+		} else {
+			c.finish(nil, errConnLost)
+		}
+	}
+}
+
+func (tc *tcpConn) takeExpired(now time.Time, out []*call) []*call {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	for id, c := range tc.pending {
+		if now.After(c.deadline) {
+			delete(tc.pending, id)
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // timeoutOr names a deadline error for what it is.

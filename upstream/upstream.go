@@ -7,8 +7,8 @@
 // deadline, so a stray or spoofed datagram never reaches the client. UDP
 // queries share a fixed set of long-lived sockets, each on its own source
 // port, read and written in batches and demultiplexed by ID; a UDP reply
-// with TC set is fetched again over TCP; TCP connections are reused and
-// expire when idle.
+// with TC set is fetched again over TCP. Over TCP, a few long-lived
+// connections carry many queries each, pipelined, and close when idle.
 //
 // Forward never blocks. It reports the outcome of every query exactly once,
 // to the Result it was given: the reply, or why there is none (a deadline
@@ -36,7 +36,6 @@ const (
 	DefaultTimeout    = 2 * time.Second
 	DefaultUDPSockets = 8
 	DefaultTCPIdle    = 10 * time.Second
-	DefaultTCPConns   = 16
 )
 
 // Errors a query can end with; callers use errors.Is.
@@ -57,8 +56,7 @@ type Config struct {
 	Addr       string        // upstream host:port
 	Timeout    time.Duration // deadline of one query, TC retry included (default 2s)
 	UDPSockets int           // long-lived UDP sockets, each its own source port (default 8)
-	TCPIdle    time.Duration // an idle TCP connection is closed after this (default 10s)
-	TCPConns   int           // idle TCP connections kept for reuse (default 16)
+	TCPIdle    time.Duration // a TCP connection with nothing to read for this long is closed (default 10s)
 }
 
 // Upstream forwards queries to one resolver. It is safe for concurrent use.
@@ -67,9 +65,8 @@ type Upstream struct {
 	raddr *net.UDPAddr
 	socks []*udpSocket
 	next  atomic.Uint32 // round-robin over socks
-	tcp   *tcpPool
+	tcp   *tcpConns
 
-	tcpCalls  sync.WaitGroup // queries over TCP under way
 	stopSweep chan struct{}
 	sweeper   sync.WaitGroup
 	closed    atomic.Bool
@@ -86,15 +83,12 @@ func New(cfg Config) (*Upstream, error) {
 	if cfg.TCPIdle <= 0 {
 		cfg.TCPIdle = DefaultTCPIdle
 	}
-	if cfg.TCPConns <= 0 {
-		cfg.TCPConns = DefaultTCPConns
-	}
 	raddr, err := net.ResolveUDPAddr("udp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Addr, err)
 	}
-	u := &Upstream{cfg: cfg, raddr: raddr, tcp: newTCPPool(raddr.String(), cfg.TCPConns, cfg.TCPIdle),
-		stopSweep: make(chan struct{})}
+	u := &Upstream{cfg: cfg, raddr: raddr, stopSweep: make(chan struct{})}
+	u.tcp = newTCPConns(u, raddr.String(), cfg.TCPIdle)
 	for range cfg.UDPSockets {
 		s, err := dialUDP(u, raddr)
 		if err != nil {
@@ -122,7 +116,6 @@ func (u *Upstream) Close() error {
 		s.close()
 	}
 	u.tcp.close()
-	u.tcpCalls.Wait()
 	return nil
 }
 
@@ -151,15 +144,8 @@ func (u *Upstream) Forward(query []byte, network string, done Result) {
 	}
 }
 
-// forwardTCP runs the exchange over TCP on a goroutine of its own.
-func (u *Upstream) forwardTCP(c *call) {
-	u.tcpCalls.Add(1)
-	go func() {
-		defer u.tcpCalls.Done()
-		reply, err := u.tcp.exchange(c.wire, c.qend, c.deadline)
-		c.finish(reply, err)
-	}()
-}
+// forwardTCP sends the query over one of the pipelined TCP connections.
+func (u *Upstream) forwardTCP(c *call) { u.tcp.send(c) }
 
 // sweep ends the queries whose deadline has passed, a few times per timeout.
 func (u *Upstream) sweep() {
@@ -173,11 +159,13 @@ func (u *Upstream) sweep() {
 		case <-u.stopSweep:
 			return
 		case now := <-t.C:
+			expired = expired[:0]
 			for _, s := range u.socks {
-				expired = s.takeExpired(now, expired[:0])
-				for _, c := range expired {
-					c.finish(nil, ErrTimeout)
-				}
+				expired = s.takeExpired(now, expired)
+			}
+			expired = u.tcp.takeExpired(now, expired)
+			for _, c := range expired {
+				c.finish(nil, ErrTimeout)
 			}
 		}
 	}
@@ -226,6 +214,7 @@ type call struct {
 	qend     int // wire[12:qend] is the question
 	deadline time.Time
 	done     Result
+	retried  bool // sent again after its TCP connection failed
 }
 
 var calls = sync.Pool{New: func() any { return new(call) }}
@@ -233,7 +222,7 @@ var calls = sync.Pool{New: func() any { return new(call) }}
 func newCall(query []byte, qend int, done Result, deadline time.Time) *call {
 	c := calls.Get().(*call)
 	c.wire = append(c.wire[:0], query...)
-	c.clientID, c.qend, c.deadline, c.done = wire.ID(query), qend, deadline, done
+	c.clientID, c.qend, c.deadline, c.done, c.retried = wire.ID(query), qend, deadline, done, false
 	return c
 }
 

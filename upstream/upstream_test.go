@@ -26,13 +26,20 @@ type testServer struct {
 
 func newTestServer(t *testing.T, respond func(req *dns.Msg, tcp bool) []*dns.Msg) *testServer {
 	t.Helper()
-	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: udp.LocalAddr().(*net.UDPAddr).Port})
-	if err != nil {
-		t.Fatal(err)
+	var udp *net.UDPConn
+	var tcp *net.TCPListener
+	for attempt := 0; tcp == nil; attempt++ { // the port UDP got may be taken for TCP: try another
+		var err error
+		if udp, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		tcp, err = net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: udp.LocalAddr().(*net.UDPAddr).Port})
+		if err != nil {
+			udp.Close()
+			if attempt == 10 {
+				t.Fatal(err)
+			}
+		}
 	}
 	s := &testServer{udp: udp, tcp: tcp, respond: respond, ports: map[int]bool{}}
 	var wg sync.WaitGroup

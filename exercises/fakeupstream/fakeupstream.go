@@ -302,9 +302,14 @@ func (s *Server) serveTCP() {
 	}
 }
 
+// serveConn answers the queries of one connection as each is ready, not in
+// order (RFC 7766 pipelining), so a slow answer holds up no other.
 func (s *Server) serveConn(c net.Conn) {
 	defer s.wg.Done()
+	var writes sync.Mutex
+	var answers sync.WaitGroup
 	defer func() {
+		answers.Wait()
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
@@ -322,15 +327,19 @@ func (s *Server) serveConn(c net.Conn) {
 		}
 		s.tcpCount.Add(1)
 		out, delay := s.respond(pkt, "tcp")
-		if delay > 0 {
-			time.Sleep(delay) // one connection, one query at a time: the proxy's TCP is serial per connection
-		}
-		for _, b := range out {
-			framed := binary.BigEndian.AppendUint16(nil, uint16(len(b)))
-			if _, err := c.Write(append(framed, b...)); err != nil {
-				return
+		answers.Go(func() {
+			if delay > 0 {
+				time.Sleep(delay)
 			}
-		}
+			writes.Lock()
+			defer writes.Unlock()
+			for _, b := range out {
+				framed := binary.BigEndian.AppendUint16(nil, uint16(len(b)))
+				if _, err := c.Write(append(framed, b...)); err != nil {
+					return
+				}
+			}
+		})
 	}
 }
 
