@@ -354,3 +354,34 @@ func TestServeAnswersWhatItCannotParse(t *testing.T) {
 		})
 	}
 }
+
+func TestOversizedUDPQueryGetsFormErr(t *testing.T) {
+	addr := startServer(t, &Server{})
+	q := new(dns.Msg).SetQuestion("www.example.com.", dns.TypeA)
+	q.SetEdns0(4096, false)
+	q.IsEdns0().Option = append(q.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: 65001, Data: make([]byte, 5000)})
+	q.Id = 99
+	b, err := q.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(b)
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	if err := r.Unpack(buf[:n]); err != nil || r.Id != 99 || r.Rcode != dns.RcodeFormatError {
+		t.Fatalf("a %d-byte query: %v %v, want FORMERR", len(b), r, err)
+	}
+	if r2, err := ask("udp", addr, time.Second); err != nil || r2.Rcode != dns.RcodeSuccess {
+		t.Fatalf("after it: %v %v", r2, err)
+	}
+}

@@ -5,12 +5,17 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/miekg/dns"
+
 	"dnsproxi/internal/batchio"
+	"dnsproxi/internal/wire"
 )
 
-// udpBufSize is the largest datagram read; a query is rarely near it, but a
-// smaller buffer would silently cut one that is.
-const udpBufSize = 65535
+// udpBufSize is the largest query read over UDP. Queries are small; a
+// larger one is answered FORMERR. The buffers are kept small on purpose: the
+// garbage collector lets the heap grow in proportion to what is live, and
+// 64 KiB slots would let megabytes of garbage pile up between collections.
+const udpBufSize = 4096
 
 // udpSocket is one of the UDP sockets sharing the port: read in batches by
 // its reader, written in batches by its writer.
@@ -73,6 +78,10 @@ func (s *Server) serveUDP(u *udpSocket) {
 		for i := range n {
 			w := &udpWriter{out: u.writer, to: u.reader.Addr(i)}
 			w.start(s)
+			if u.reader.Truncated(i) {
+				s.tooLarge(w, u.reader.Packet(i))
+				continue
+			}
 			s.serve(w, &w.q, u.reader.Packet(i), "udp")
 		}
 	}
@@ -94,3 +103,14 @@ func (w *udpWriter) Write(reply []byte) error {
 }
 
 func (w *udpWriter) Drop() { w.finish() }
+
+// tooLarge answers a query larger than udpBufSize with FORMERR, from its
+// header (all of it that is sure to be there); a response is dropped.
+func (s *Server) tooLarge(w *udpWriter, pkt []byte) {
+	s.dropped("malformed")
+	if wire.Flags(pkt)&wire.FlagQR != 0 {
+		w.Drop()
+		return
+	}
+	w.Write(wire.AppendReply(nil, pkt, wire.HeaderLen, dns.RcodeFormatError))
+}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"dnsproxi/internal/batchio"
 	"dnsproxi/internal/wire"
 )
@@ -32,6 +30,12 @@ type udpSocket struct {
 // maxPending keeps some IDs free so that picking a random free one stays quick.
 const maxPending = 60000
 
+// replyBufSize is the largest UDP reply read whole; a larger one (rare: a
+// client asked for more than 8 KB with EDNS) is fetched again over TCP. The
+// buffers are kept small for the garbage collector's sake: see dnsserver's
+// udpBufSize.
+const replyBufSize = 8192
+
 func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 	conn, err := net.DialUDP("udp", nil, raddr)
 	if err != nil {
@@ -39,7 +43,7 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 	}
 	conn.SetReadBuffer(4 << 20)
 	conn.SetWriteBuffer(4 << 20)
-	r, err := batchio.NewReader(conn, batchio.MaxBatch, dns.MaxMsgSize)
+	r, err := batchio.NewReader(conn, batchio.MaxBatch, replyBufSize)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -148,7 +152,7 @@ func (s *udpSocket) read() {
 			if c == nil {
 				continue
 			}
-			if wire.Flags(reply)&wire.FlagTC != 0 {
+			if wire.Flags(reply)&wire.FlagTC != 0 || s.reader.Truncated(i) {
 				s.u.forwardTCP(c) // the whole answer, over TCP, before the same deadline
 				continue
 			}

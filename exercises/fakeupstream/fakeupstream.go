@@ -90,15 +90,20 @@ func Start(addr string) (*Server, error) {
 	if ip := ua.IP; ip != nil && !ip.IsLoopback() {
 		return nil, fmt.Errorf("fakeupstream: %s is not a loopback address", addr)
 	}
-	udp, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, err
-	}
-	bound := udp.LocalAddr().(*net.UDPAddr)
-	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: bound.IP, Port: bound.Port})
-	if err != nil {
+	var udp *net.UDPConn
+	var tcp *net.TCPListener
+	for attempt := 0; ; attempt++ {
+		if udp, err = net.ListenUDP("udp", ua); err != nil {
+			return nil, err
+		}
+		bound := udp.LocalAddr().(*net.UDPAddr)
+		if tcp, err = net.ListenTCP("tcp", &net.TCPAddr{IP: bound.IP, Port: bound.Port}); err == nil {
+			break
+		}
 		udp.Close()
-		return nil, err
+		if ua.Port != 0 || attempt == 10 { // with port 0, the port UDP got may be taken for TCP: try another
+			return nil, err
+		}
 	}
 	s := &Server{udp: udp, tcp: tcp, conns: make(map[net.Conn]struct{})}
 	s.delay.Store(int64(time.Second))

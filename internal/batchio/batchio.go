@@ -26,6 +26,7 @@ type Reader struct {
 	conn  *net.UDPConn
 	bufs  [][]byte
 	sizes []int
+	cut   []bool // the datagram was larger than its buffer
 	addrs []netip.AddrPort
 	sys   readerSys // the platform's part
 }
@@ -33,7 +34,8 @@ type Reader struct {
 // NewReader returns a Reader with batch buffers of bufSize bytes each.
 func NewReader(conn *net.UDPConn, batch, bufSize int) (*Reader, error) {
 	batch = min(max(batch, 1), MaxBatch)
-	r := &Reader{conn: conn, bufs: make([][]byte, batch), sizes: make([]int, batch), addrs: make([]netip.AddrPort, batch)}
+	r := &Reader{conn: conn, bufs: make([][]byte, batch), sizes: make([]int, batch), cut: make([]bool, batch),
+		addrs: make([]netip.AddrPort, batch)}
 	for i := range r.bufs {
 		r.bufs[i] = make([]byte, bufSize)
 	}
@@ -46,6 +48,10 @@ func (r *Reader) Read() (int, error) { return r.sys.read(r) }
 
 // Packet returns the i-th datagram of the last Read.
 func (r *Reader) Packet(i int) []byte { return r.bufs[i][:r.sizes[i]] }
+
+// Truncated reports whether the i-th datagram was larger than the buffer,
+// so that Packet holds only its beginning.
+func (r *Reader) Truncated(i int) bool { return r.cut[i] }
 
 // Addr returns the sender of the i-th datagram of the last Read.
 func (r *Reader) Addr(i int) netip.AddrPort { return r.addrs[i] }

@@ -48,7 +48,8 @@ func (s *readerSys) read(r *Reader) (int, error) {
 		return 0, s.err
 	}
 	for i := range s.n {
-		r.sizes[i] = int(s.hdrs[i].Len)
+		r.sizes[i] = min(int(s.hdrs[i].Len), len(r.bufs[i]))
+		r.cut[i] = s.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
 		r.addrs[i] = decodeAddr(&s.names[i], s.hdrs[i].Hdr.Namelen)
 	}
 	return s.n, nil

@@ -13,6 +13,7 @@ func (readerSys) read(r *Reader) (int, error) {
 		return 0, err
 	}
 	r.sizes[0], r.addrs[0] = n, from
+	r.cut[0] = n == len(r.bufs[0]) // without recvmmsg's flags: a full buffer may have been cut
 	return 1, nil
 }
 
