@@ -2,9 +2,12 @@ package upstream
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,5 +294,64 @@ func TestConcurrentExchangesOnSharedSockets(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// Every query Forward takes is reported exactly once, whichever way it ends:
+// answered, answered twice, never answered (the sweeper), or cut off by Close.
+func TestForwardReportsExactlyOnce(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		switch n % 3 {
+		case 0:
+			return nil // never answered
+		case 1:
+			return []*dns.Msg{answer(req), answer(req)} // answered twice
+		}
+		return []*dns.Msg{answer(req)}
+	})
+	u, err := New(Config{Addr: srv.addr(), Timeout: 30 * time.Millisecond, UDPSockets: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queries = 300
+	reports := make([]atomic.Int32, queries)
+	var all sync.WaitGroup
+	all.Add(queries)
+	for i := range queries {
+		m := q(dns.Fqdn(fmt.Sprintf("n%d.example", i)))
+		m.Id = uint16(i)
+		b, _ := m.Pack()
+		network := "udp"
+		if i%10 == 0 {
+			network = "tcp"
+		}
+		u.Forward(b, network, func(query, _ []byte, _ error) {
+			id := binary.BigEndian.Uint16(query)
+			if reports[id].Add(1) == 1 {
+				all.Done()
+			}
+		})
+		if i == queries*2/3 {
+			time.Sleep(10 * time.Millisecond) // let some finish, leave others in flight for Close
+		}
+	}
+	u.Close()
+	waited := make(chan struct{})
+	go func() { all.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("some queries were never reported")
+	}
+	time.Sleep(50 * time.Millisecond) // a second report, if there were one, would come now
+	for i := range reports {
+		if got := reports[i].Load(); got != 1 {
+			t.Errorf("query %d reported %d times", i, got)
+		}
 	}
 }
