@@ -240,10 +240,10 @@ func drillSlow(r *rig) error {
 	r.printf("slow: the upstream answers in %s for %s, then in %s for %s; upstream timeout %s;\n", secs(fast), secs(healthy), secs(slow), secs(sick), secs(timeout))
 	r.printf("  %g queries/s from 4 clients. Once without the breaker, once with DNS_BREAKER_THRESHOLD=50.\n\n", rate)
 	type run struct {
-		name             string
-		sick             summary
-		peakG, peakRSSMB float64
-		s                Scrape
+		name                       string
+		sick                       summary
+		peakG, peakRSSMB, peakHeld float64
+		s                          Scrape
 	}
 	var runs []run
 	for _, withBreaker := range []bool{false, true} {
@@ -263,17 +263,18 @@ func drillSlow(r *rig) error {
 		r.up.SetDelay(slow)
 		sickRes := summarize(load(r.proxy.Addr, int(sick.Seconds()*rate), 4, sick, 4*timeout, 1))
 		p := <-peak
-		runs = append(runs, run{name, sickRes, p[0], p[1] / 1e6, r.scrape()})
+		runs = append(runs, run{name, sickRes, p[0], p[1] / 1e6, p[2], r.scrape()})
 		r.stopProxy()
 	}
 	for _, x := range runs {
 		r.printf("  %s, while slow: %s\n", x.name, x.sick)
-		r.printf("    outcomes: forwarded %d, upstream_error %d, breaker_open %d; peak goroutines %.0f, peak RSS %.1f MB\n",
-			x.s.Outcome("forwarded"), x.s.Outcome("upstream_error"), x.s.Outcome("breaker_open"), x.peakG, x.peakRSSMB)
+		r.printf("    outcomes: forwarded %d, upstream_error %d, breaker_open %d; peak in flight %.0f, goroutines %.0f, RSS %.1f MB\n",
+			x.s.Outcome("forwarded"), x.s.Outcome("upstream_error"), x.s.Outcome("breaker_open"), x.peakHeld, x.peakG, x.peakRSSMB)
 	}
 	r.printf("\n  Notice: without the breaker every query in the slow phase waits the full %s and ends in\n", secs(timeout))
-	r.printf("  SERVFAIL anyway, with a goroutine held the whole time. With it, after MIN_SAMPLES failures the\n")
-	r.printf("  clients get their SERVFAIL at once and the upstream gets one probe per cool-off.\n")
+	r.printf("  SERVFAIL anyway, holding a place among DNS_MAX_INFLIGHT the whole time (goroutines stay flat:\n")
+	r.printf("  a waiting query is an entry in a table, not a goroutine). With it, after MIN_SAMPLES failures\n")
+	r.printf("  the clients get their SERVFAIL at once and the upstream gets one probe per cool-off.\n")
 	without, with := runs[0], runs[1]
 	r.numbers = map[string]int{"fast_without": without.sick.Within100ms, "fast_with": with.sick.Within100ms,
 		"breaker_open": with.s.Outcome("breaker_open")}
@@ -284,12 +285,13 @@ func drillSlow(r *rig) error {
 	return nil
 }
 
-// watchPeak samples go_goroutines and RSS until d has passed and returns their peaks.
-func (r *rig) watchPeak(d time.Duration) <-chan [2]float64 {
-	out := make(chan [2]float64, 1)
+// watchPeak samples go_goroutines, RSS and the queries in flight until d has
+// passed and returns their peaks.
+func (r *rig) watchPeak(d time.Duration) <-chan [3]float64 {
+	out := make(chan [3]float64, 1)
 	start := time.Now()
 	go func() {
-		var peak [2]float64
+		var peak [3]float64
 		for time.Since(start) < d {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			s, err := r.proxy.scrape(ctx)
@@ -297,6 +299,7 @@ func (r *rig) watchPeak(d time.Duration) <-chan [2]float64 {
 			if err == nil {
 				peak[0] = max(peak[0], s.Get("go_goroutines"))
 				peak[1] = max(peak[1], s.Get("process_resident_memory_bytes"))
+				peak[2] = max(peak[2], s.Get("dnsproxi_queries_in_flight"))
 			}
 			time.Sleep(r.dur(100 * time.Millisecond))
 		}

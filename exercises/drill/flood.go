@@ -184,10 +184,11 @@ func drillBlackholeFlood(r *rig) error {
 	for _, x := range results {
 		r.printf("%s: forwarded %d, upstream_error %d, overloaded %d, breaker_open %d; ", x.name, x.forwarded, x.failed, x.refused, x.breakerOpen)
 	}
-	r.printf("\n\n  Notice: with no gates every query waits the full %s and holds a goroutine meanwhile, so\n", secs(timeout))
-	r.printf("  goroutines and memory follow the attacker's rate × the deadline. The cap bounds them by\n")
-	r.printf("  configuration and refuses the rest at once. The breaker stops the waiting altogether:\n")
-	r.printf("  after the trip, answers take microseconds and the upstream sees one probe per cool-off.\n")
+	r.printf("\n\n  Notice: with no gates every query waits the full %s, so the queries in flight follow the\n", secs(timeout))
+	r.printf("  attacker's rate × the deadline (each is a table entry, not a goroutine: goroutines stay flat).\n")
+	r.printf("  The cap bounds them by configuration and refuses the rest at once. The breaker stops the\n")
+	r.printf("  waiting altogether: after the trip, answers take microseconds and the upstream sees one\n")
+	r.printf("  probe per cool-off.\n")
 
 	none, capped, brk := results[0], results[1], results[2]
 	r.numbers = map[string]int{"cap_peak_goroutines": int(capped.peakGoroutines), "breaker_after_trip_fast": brk.afterTripFast,
@@ -199,6 +200,7 @@ func drillBlackholeFlood(r *rig) error {
 		"breaker on: the upstream received %d packets, want the %d before the trip and about one probe per cool-off", brk.upstreamPackets, brk.failed)
 	r.expect(capped.rssEndMB-capped.rssStartMB <= 50, "cap only: RSS grew %.1f MB, want ≤ 50", capped.rssEndMB-capped.rssStartMB)
 	r.expect(capped.peakGoroutines <= 1000+100, "cap only: %.0f goroutines at the peak, want ≤ the cap (1000) + 100", capped.peakGoroutines)
+	r.expect(none.peakGoroutines <= 100, "no gates: %.0f goroutines at the peak: a waiting query must not hold one", none.peakGoroutines)
 	return nil
 }
 
