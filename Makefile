@@ -17,8 +17,11 @@ vet:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
 
+# bench runs the guard benchmarks (beside x/time/rate and gobreaker) and the
+# whole UDP path; ../shared/bench/run.sh compares the running proxy with its peers.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./guard/
+	$(GO) test -run '^$$' -bench UDPPath -benchmem -benchtime 3s .
 
 # drill runs every live drill at the chapter's timings (about a minute).
 drill:

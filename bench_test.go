@@ -38,12 +38,14 @@ func echoUpstream(b *testing.B) string {
 	return c.LocalAddr().String()
 }
 
-// benchProxy starts the whole proxy with both gates on, never tripping.
-func benchProxy(b *testing.B) string {
+// benchProxy starts the whole proxy, with both gates on (never tripping) or off.
+func benchProxy(b *testing.B, gates bool) string {
 	b.Helper()
 	cfg := testConfig(echoUpstream(b))
-	cfg.RateLimit = RateLimit{Rate: 1e9, Burst: 1e9}
-	cfg.BreakerThreshold = 50
+	if gates {
+		cfg.RateLimit = RateLimit{Rate: 1e9, Burst: 1e9}
+		cfg.BreakerThreshold = 50
+	}
 	cfg.MaxInflight = 0
 	a, err := newApp(cfg, guard.RealClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -83,17 +85,18 @@ func dialBench(b *testing.B, addr string) *net.UDPConn {
 	return c
 }
 
-// BenchmarkUDPPath drives one query at a time through the whole UDP path:
-// client socket → proxy (both gates on) → upstream → proxy → client.
-// ns/op is the round trip; allocs/op are the proxy's (the upstream and the
-// client allocate nothing).
+// BenchmarkUDPPath drives queries through the whole UDP path: client
+// socket → proxy → upstream → proxy → client. "serial" is one query at a
+// time (ns/op is the round trip); "parallel" keeps 8 clients per core busy,
+// with both gates on and with both off, in the same run. allocs/op are the
+// proxy's own: the upstream and the clients allocate nothing.
 func BenchmarkUDPPath(b *testing.B) {
-	addr := benchProxy(b)
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.com.", dns.TypeA)
 	wire, _ := q.Pack()
+	on, off := benchProxy(b, true), benchProxy(b, false)
 	b.Run("serial", func(b *testing.B) {
-		c := dialBench(b, addr)
+		c := dialBench(b, on)
 		defer c.Close()
 		buf := make([]byte, 65535)
 		b.ReportAllocs()
@@ -103,19 +106,21 @@ func BenchmarkUDPPath(b *testing.B) {
 			roundTrip(b, c, wire, buf, id)
 		}
 	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(8) // several clients per core keep the proxy busy
-		b.RunParallel(func(pb *testing.PB) {
-			c := dialBench(b, addr)
-			defer c.Close()
-			myQ := append([]byte(nil), wire...)
-			buf := make([]byte, 65535)
-			id := uint16(0)
-			for pb.Next() {
-				id++
-				roundTrip(b, c, myQ, buf, id)
-			}
+	for _, tt := range []struct{ name, addr string }{{"parallel-gates-off", off}, {"parallel-gates-on", on}} {
+		b.Run(tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(8) // several clients per core keep the proxy busy
+			b.RunParallel(func(pb *testing.PB) {
+				c := dialBench(b, tt.addr)
+				defer c.Close()
+				myQ := append([]byte(nil), wire...)
+				buf := make([]byte, 65535)
+				id := uint16(0)
+				for pb.Next() {
+					id++
+					roundTrip(b, c, myQ, buf, id)
+				}
+			})
 		})
-	})
+	}
 }
