@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -74,7 +73,7 @@ func (p *tcpConns) send(c *call) {
 // dial fills slot i with a connection that takes queries at once and sends
 // them once it is connected. It requires that p.mu is held.
 func (p *tcpConns) dial(i int) *tcpConn {
-	tc := &tcpConn{p: p, pending: make(map[uint16]*call), wake: make(chan struct{}, 1)}
+	tc := &tcpConn{p: p, pending: make(pending), wake: make(chan struct{}, 1)}
 	p.slots[i] = tc
 	p.wg.Add(1)
 	go func() {
@@ -135,7 +134,7 @@ type tcpConn struct {
 	wake chan struct{} // the writer has frames to send
 
 	mu      sync.Mutex
-	pending map[uint16]*call
+	pending pending
 	out     []byte // length-prefixed frames waiting for the writer
 	dead    bool
 }
@@ -167,20 +166,11 @@ func (tc *tcpConn) send(c *call) {
 		tc.p.send(c) // lost the race with a failure: another connection
 		return
 	}
-	if len(tc.pending) >= maxPending {
+	if err := tc.pending.add(c); err != nil {
 		tc.mu.Unlock()
-		c.finish(nil, ErrBusy)
+		c.finish(nil, err)
 		return
 	}
-	var id uint16
-	for {
-		id = uint16(rand.Uint32())
-		if _, taken := tc.pending[id]; !taken {
-			break
-		}
-	}
-	wire.SetID(c.wire, id)
-	tc.pending[id] = c
 	tc.out = binary.BigEndian.AppendUint16(tc.out, uint16(len(c.wire)))
 	tc.out = append(tc.out, c.wire...)
 	tc.mu.Unlock()
@@ -230,14 +220,11 @@ func (tc *tcpConn) read() {
 			continue
 		}
 		tc.mu.Lock()
-		c := tc.pending[wire.ID(reply)]
-		if c == nil || !c.answers(reply) {
-			tc.mu.Unlock()
-			continue // a stray duplicate, a wrong ID or garbage: skipped, as over UDP
-		}
-		delete(tc.pending, wire.ID(reply))
+		c := tc.pending.take(reply)
 		tc.mu.Unlock()
-		c.finish(reply, nil)
+		if c != nil { // else a stray duplicate, a wrong ID or garbage: skipped, as over UDP
+			c.finish(reply, nil)
+		}
 	}
 }
 
@@ -252,11 +239,7 @@ func (tc *tcpConn) fail(err error) {
 		return
 	}
 	tc.dead = true
-	left := make([]*call, 0, len(tc.pending))
-	for id, c := range tc.pending {
-		left = append(left, c)
-		delete(tc.pending, id)
-	}
+	left := tc.pending.takeAll(nil)
 	conn := tc.conn
 	tc.mu.Unlock()
 	if conn != nil {
@@ -281,13 +264,7 @@ func (tc *tcpConn) fail(err error) {
 func (tc *tcpConn) takeExpired(now time.Time, out []*call) []*call {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
-	for id, c := range tc.pending {
-		if now.After(c.deadline) {
-			delete(tc.pending, id)
-			out = append(out, c)
-		}
-	}
-	return out
+	return tc.pending.takeExpired(now, out)
 }
 
 // timeoutOr names a deadline error for what it is.

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"errors"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -23,12 +22,9 @@ type udpSocket struct {
 	done   chan struct{} // closed when the reader has stopped
 
 	mu      sync.Mutex
-	pending map[uint16]*call
+	pending pending
 	closed  bool
 }
-
-// maxPending keeps some IDs free so that picking a random free one stays quick.
-const maxPending = 60000
 
 // replyBufSize is the largest UDP reply read whole; a larger one (rare: a
 // client asked for more than 8 KB with EDNS) is fetched again over TCP. The
@@ -53,7 +49,7 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 		conn.Close()
 		return nil, err
 	}
-	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(map[uint16]*call)}
+	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(pending)}
 	go s.read()
 	return s, nil
 }
@@ -62,11 +58,7 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 func (s *udpSocket) close() {
 	s.mu.Lock()
 	s.closed = true
-	left := make([]*call, 0, len(s.pending))
-	for id, c := range s.pending {
-		left = append(left, c)
-		delete(s.pending, id)
-	}
+	left := s.pending.takeAll(nil)
 	s.mu.Unlock()
 	s.writer.Close()
 	s.conn.Close()
@@ -79,56 +71,34 @@ func (s *udpSocket) close() {
 // send files c under a random free ID and queues it for the writer.
 func (s *udpSocket) send(c *call) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
 		return ErrClosed
 	}
-	if len(s.pending) >= maxPending {
-		s.mu.Unlock()
-		return ErrBusy
+	if err := s.pending.add(c); err != nil {
+		return err
 	}
-	var id uint16
-	for {
-		id = uint16(rand.Uint32())
-		if _, taken := s.pending[id]; !taken {
-			break
-		}
-	}
-	wire.SetID(c.wire, id)
-	s.pending[id] = c
 	// Queued under the lock: once c is in the table, a reply or the sweeper
 	// may finish and recycle it, and c.wire with it.
 	err := s.writer.Send(netip.AddrPort{}, c.wire)
 	if err != nil {
-		delete(s.pending, id)
+		delete(s.pending, wire.ID(c.wire))
 	}
-	s.mu.Unlock()
 	return err
 }
 
-// take removes and returns the query waiting under id if reply answers it.
-func (s *udpSocket) take(id uint16, reply []byte) *call {
+// take removes and returns the query reply answers, if it is waiting here.
+func (s *udpSocket) take(reply []byte) *call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.pending[id]
-	if c == nil || !c.answers(reply) {
-		return nil // late, duplicate, spoofed or not an answer: keep waiting for the real one
-	}
-	delete(s.pending, id)
-	return c
+	return s.pending.take(reply)
 }
 
 // takeExpired removes the queries whose deadline is before now and appends them to out.
 func (s *udpSocket) takeExpired(now time.Time, out []*call) []*call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id, c := range s.pending {
-		if now.After(c.deadline) {
-			delete(s.pending, id)
-			out = append(out, c)
-		}
-	}
-	return out
+	return s.pending.takeExpired(now, out)
 }
 
 // read hands replies to their queries until the socket is closed.
@@ -148,7 +118,7 @@ func (s *udpSocket) read() {
 			if len(reply) < wire.HeaderLen {
 				continue
 			}
-			c := s.take(wire.ID(reply), reply)
+			c := s.take(reply)
 			if c == nil {
 				continue
 			}
