@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -73,11 +74,7 @@ func TestLoadConfigGood(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(envString(tt.env), func(t *testing.T) {
-			env := map[string]string{"DNS_UPSTREAM": "127.0.0.1:5300"}
-			for k, v := range tt.env {
-				env[k] = v
-			}
-			setEnv(t, env)
+			setEnv(t, withUpstream(tt.env))
 			cfg, err := loadConfig()
 			if err != nil {
 				t.Fatal(err)
@@ -122,11 +119,7 @@ func TestLoadConfigBad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(envString(tt.env), func(t *testing.T) {
-			env := map[string]string{"DNS_UPSTREAM": "127.0.0.1:5300"}
-			for k, v := range tt.env {
-				env[k] = v
-			}
-			setEnv(t, env)
+			setEnv(t, withUpstream(tt.env))
 			_, err := loadConfig()
 			if err == nil || err.Error() != tt.want {
 				t.Fatalf("error %v\nwant    %s", err, tt.want)
@@ -174,4 +167,12 @@ func envString(env map[string]string) string {
 		parts = append(parts, k+"="+v)
 	}
 	return strings.Join(parts, ",")
+}
+
+// withUpstream is env with a loopback DNS_UPSTREAM unless env sets one:
+// no test may fall back to the system resolver.
+func withUpstream(env map[string]string) map[string]string {
+	out := map[string]string{"DNS_UPSTREAM": "127.0.0.1:5300"}
+	maps.Copy(out, env)
+	return out
 }

@@ -25,16 +25,12 @@ type hostileUpstream struct {
 
 func startHostile(t *testing.T) *hostileUpstream {
 	t.Helper()
-	lo := net.IPv4(127, 0, 0, 1)
-	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: lo})
+	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
+	udp, tcp, err := fakeupstream.ListenPair(lo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := net.ListenUDP("udp", &net.UDPAddr{IP: lo})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: lo, Port: udp.LocalAddr().(*net.UDPAddr).Port})
+	other, err := net.ListenUDP("udp", lo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,20 +90,9 @@ func Start(addr string) (*Server, error) {
 	if ip := ua.IP; ip != nil && !ip.IsLoopback() {
 		return nil, fmt.Errorf("fakeupstream: %s is not a loopback address", addr)
 	}
-	var udp *net.UDPConn
-	var tcp *net.TCPListener
-	for attempt := 0; ; attempt++ {
-		if udp, err = net.ListenUDP("udp", ua); err != nil {
-			return nil, err
-		}
-		bound := udp.LocalAddr().(*net.UDPAddr)
-		if tcp, err = net.ListenTCP("tcp", &net.TCPAddr{IP: bound.IP, Port: bound.Port}); err == nil {
-			break
-		}
-		udp.Close()
-		if ua.Port != 0 || attempt == 10 { // with port 0, the port UDP got may be taken for TCP: try another
-			return nil, err
-		}
+	udp, tcp, err := ListenPair(ua)
+	if err != nil {
+		return nil, err
 	}
 	s := &Server{udp: udp, tcp: tcp, conns: make(map[net.Conn]struct{})}
 	s.delay.Store(int64(time.Second))
@@ -112,6 +101,26 @@ func Start(addr string) (*Server, error) {
 	go s.serveUDP()
 	go s.serveTCP()
 	return s, nil
+}
+
+// ListenPair binds UDP on ua and TCP on the same port. With port 0 the
+// port UDP is given may be taken for TCP; then it tries another.
+func ListenPair(ua *net.UDPAddr) (*net.UDPConn, *net.TCPListener, error) {
+	for attempt := 0; ; attempt++ {
+		udp, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			return nil, nil, err
+		}
+		bound := udp.LocalAddr().(*net.UDPAddr)
+		tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: bound.IP, Port: bound.Port})
+		if err == nil {
+			return udp, tcp, nil
+		}
+		udp.Close()
+		if ua.Port != 0 || attempt == 10 {
+			return nil, nil, err
+		}
+	}
 }
 
 // Addr returns the host:port the server listens on.
