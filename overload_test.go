@@ -40,7 +40,7 @@ func TestWaitingQueriesHoldNoGoroutine(t *testing.T) {
 		}
 	}
 	waitFor(t, "the flood to be waiting at the upstream", func() bool {
-		return testutil.ToFloat64(a.metrics.InFlight) >= flood*9/10
+		return testutil.ToFloat64(a.metrics.InFlight) >= flood/2 // UDP may drop some; half is plenty
 	})
 	if during := runtime.NumGoroutine(); during > before+10 {
 		t.Fatalf("%d goroutines with %v queries waiting, %d before: a waiting query must not hold one",
