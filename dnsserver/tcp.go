@@ -114,6 +114,7 @@ func (w *tcpWriter) Write(b []byte) error {
 	return err
 }
 
+// Drop ends the query without an answer and frees its place on the connection.
 func (w *tcpWriter) Drop() {
 	if w.finish() {
 		<-w.conn.pipeline

@@ -95,6 +95,7 @@ type udpWriter struct {
 	q   Query // allocated with the writer: one allocation per query, not two
 }
 
+// Write queues the answer on the socket's writer, once.
 func (w *udpWriter) Write(reply []byte) error {
 	if !w.finish() {
 		return ErrAnswered
@@ -102,6 +103,7 @@ func (w *udpWriter) Write(reply []byte) error {
 	return w.out.Send(w.to, reply)
 }
 
+// Drop ends the query without an answer.
 func (w *udpWriter) Drop() { w.finish() }
 
 // tooLarge answers a query larger than udpBufSize with FORMERR, from its

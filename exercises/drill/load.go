@@ -102,6 +102,7 @@ func summarize(rs []result) summary {
 	return s
 }
 
+// String is the summary as the reports print it.
 func (s summary) String() string {
 	return fmt.Sprintf("%d sent: %d NOERROR, %d SERVFAIL, %d REFUSED, %d unanswered; %d answered within 10ms, %d within 100ms; p50 %v, p99 %v",
 		s.Total, s.NoError, s.ServFail, s.Refused, s.Unanswered, s.Within10ms, s.Within100ms,
