@@ -81,7 +81,10 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
 		if err != nil { // only an upstream failure is a failure: any answer, SERVFAIL too, is a success
 			permit.Failure()
-			qend, _ := wire.QuestionEnd(query)
+			qend, ok := wire.QuestionEnd(query)
+			if !ok {
+				qend = wire.HeaderLen // cannot happen for a query the server parsed; answer without a question
+			}
 			p.reply(w, query, qend, dns.RcodeServerFailure, qtype, metrics.UpstreamError, start)
 			return
 		}
