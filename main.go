@@ -103,7 +103,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if breaker != nil {
 		breaker.OnStateChange(func(from, to guard.State) {
 			m.BreakerChanges.WithLabelValues(from.String(), to.String()).Inc()
-			m.BreakerState.Set(metrics.StateValue(to.String()))
+			m.BreakerState.Set(float64(to)) // guard.State counts closed, half-open, open: as metrics.States
 			log.Info("breaker", "from", from.String(), "to", to.String())
 		})
 	}

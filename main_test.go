@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/guard"
+	"dnsproxi/metrics"
 )
 
 func writeFile(t *testing.T, path, text string) {
@@ -143,5 +144,15 @@ func TestMetricsEndpoint(t *testing.T) {
 	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeNAPTR))
 	if got := count(a, "OTHER", "forwarded", 1); got != 1 {
 		t.Errorf("NAPTR should count as OTHER: %d", got)
+	}
+}
+
+// The breaker_state gauge holds guard.State's value: its order must be the
+// order metrics.States names.
+func TestBreakerStateGaugeEncoding(t *testing.T) {
+	for _, s := range []guard.State{guard.Closed, guard.HalfOpen, guard.Open} {
+		if int(s) >= len(metrics.States) || metrics.States[int(s)] != s.String() {
+			t.Errorf("guard.State %v = %d, but metrics.States says %v", s, int(s), metrics.States)
+		}
 	}
 }

@@ -112,13 +112,6 @@ func (c *ManualClock) signalLocked() {
 	c.changed = make(chan struct{})
 }
 
-// Waiters returns how many After channels have not fired yet.
-func (c *ManualClock) Waiters() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.waiters)
-}
-
 // BlockUntilWaiters waits until at least n After channels are pending, so a
 // test can advance the clock only once the goroutine under test is waiting.
 // It returns ctx's error if ctx ends first.

@@ -62,12 +62,6 @@ func NewTokenBucket(rate float64, burst int, c Clock) *TokenBucket {
 	}
 }
 
-// Rate returns the refill rate in tokens per second.
-func (b *TokenBucket) Rate() float64 { return b.rate }
-
-// Burst returns the bucket's capacity.
-func (b *TokenBucket) Burst() int { return int(b.burst) }
-
 func (b *TokenBucket) now() time.Time {
 	if b.real {
 		return time.Now()

@@ -46,7 +46,8 @@ var QTypes = []uint16{
 // OtherQType is the qtype label of every type not in QTypes.
 const OtherQType = "OTHER"
 
-// States are the breaker's states as the breaker_state gauge encodes them.
+// States are the breaker's states, in the order of guard.State's values,
+// which is also what the breaker_state gauge holds.
 var States = []string{"closed", "half-open", "open"}
 
 // Metrics holds the collectors of one proxy. Build it once with New.
@@ -152,14 +153,4 @@ func (m *Metrics) Count(row QTypeRow, outcome Outcome) {
 // Handler serves the registry in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
-}
-
-// StateValue is the breaker_state gauge's value for the state named s.
-func StateValue(s string) float64 {
-	for i, name := range States {
-		if name == s {
-			return float64(i)
-		}
-	}
-	return -1
 }

@@ -102,9 +102,6 @@ func New(cfg Config) (*Upstream, error) {
 	return u, nil
 }
 
-// Addr returns the upstream's address.
-func (u *Upstream) Addr() string { return u.raddr.String() }
-
 // Close closes every socket. Queries still waiting end with ErrClosed.
 func (u *Upstream) Close() error {
 	if u.closed.Swap(true) {

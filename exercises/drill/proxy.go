@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"dnsproxi/metrics"
 )
 
 // buildProxy builds the dnsproxi binary from the module this drill belongs
@@ -206,13 +208,11 @@ func (s Scrape) Transitions(from, to string) int {
 	return int(s[fmt.Sprintf(`dnsproxi_breaker_transitions_total{from="%s",to="%s"}`, from, to)])
 }
 
-var stateNames = []string{"closed", "half-open", "open"}
-
 // BreakerState names the breaker_state gauge's value.
 func (s Scrape) BreakerState() string {
 	v := int(s["dnsproxi_breaker_state"])
-	if v >= 0 && v < len(stateNames) {
-		return stateNames[v]
+	if v >= 0 && v < len(metrics.States) {
+		return metrics.States[v]
 	}
 	return "?"
 }
