@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,18 @@ func startUpstream(t *testing.T) *fakeupstream.Server {
 	}
 	t.Cleanup(func() { up.Close() })
 	return up
+}
+
+// holdGate returns a channel a fake upstream's script waits on, and a func
+// that opens it, once. The test's end opens it too, so a test that fails
+// while the upstream holds a reply fails rather than hangs.
+func holdGate(t *testing.T) (<-chan struct{}, func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(open)
+	return ch, open
 }
 
 // testConfig is a configuration with both gates off, listening on a free

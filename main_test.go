@@ -43,9 +43,9 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // SIGTERM while a query is in flight: the query is still answered, then run returns 0.
 func TestSIGTERMDrainsQueriesInFlight(t *testing.T) {
 	up := startUpstream(t)
-	release := make(chan struct{})
+	held, release := holdGate(t)
 	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
-		<-release
+		<-held
 		b, _ := answerFor(req).Pack()
 		return [][]byte{b}
 	})
@@ -74,7 +74,7 @@ func TestSIGTERMDrainsQueriesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the shutdown to begin", func() bool { return strings.Contains(logs.String(), "shutting down") })
-	close(release) // the upstream answers only now, after SIGTERM
+	release() // the upstream answers only now, after SIGTERM
 	if r := <-answer; r == nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Fatalf("the query in flight at SIGTERM got %v", r)
 	}
