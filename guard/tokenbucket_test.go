@@ -3,6 +3,9 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -75,17 +78,109 @@ func countAllowed(b *TokenBucket, tries int) int {
 	return n
 }
 
-func TestTokenBucketClockBackwardsMintsNothing(t *testing.T) {
-	clock := NewManualClock(t0)
-	b := NewTokenBucket(10, 5, clock)
-	b.Allow(5)
-	clock.Set(t0.Add(-time.Hour))
-	if b.Allow(1) {
-		t.Fatal("a backwards step minted a token")
+// TestTokenBucketReadingsOutOfOrder delivers clock readings in the order
+// concurrent callers can: one reads the clock, another reads it later and
+// takes the lock first, then the first arrives with its older reading. At each
+// reading the bucket is drained. No interval may be counted twice: what is
+// admitted never exceeds burst + rate × (latest reading − start).
+func TestTokenBucketReadingsOutOfOrder(t *testing.T) {
+	const rate, burst = 10, 5 // one token per 100 ms
+	ms := time.Millisecond
+	tests := []struct {
+		name     string
+		readings []time.Duration // offsets from the bucket's start
+		want     int
+	}{
+		{"in order", []time.Duration{0, 100 * ms, 200 * ms, 300 * ms}, burst + 3},
+		{"a stale reading between two fresh ones", []time.Duration{0, 100 * ms, 0, 100 * ms}, burst + 1},
+		{"stale readings again and again", []time.Duration{0, 300 * ms, 100 * ms, 300 * ms, 200 * ms, 300 * ms, 0, 300 * ms}, burst + 3},
+		{"a stale reading, then a later one", []time.Duration{0, 200 * ms, 100 * ms, 300 * ms}, burst + 3},
+		{"the clock steps back an hour", []time.Duration{0, 100 * ms, -time.Hour, -time.Hour + 100*ms, 100 * ms, 200 * ms}, burst + 2},
 	}
-	clock.Set(t0.Add(-time.Hour + 100*time.Millisecond)) // 100 ms after the new reading: one token
-	if !b.Allow(1) || b.Allow(1) {
-		t.Fatal("after the step back, 100 ms should earn exactly one token")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(rate, burst, clock)
+			admitted, latest := 0, time.Duration(0)
+			for _, at := range tt.readings {
+				clock.Set(t0.Add(at))
+				latest = max(latest, at)
+				admitted += countAllowed(b, 1000)
+			}
+			if bound := burst + rate*latest.Seconds(); float64(admitted) > bound {
+				t.Fatalf("readings %v admitted %d, more than burst + rate × elapsed = %v", tt.readings, admitted, bound)
+			}
+			if admitted != tt.want {
+				t.Fatalf("readings %v admitted %d, want %d", tt.readings, admitted, tt.want)
+			}
+		})
+	}
+}
+
+// TestTokenBucketBoundUnderConcurrency hammers one bucket from many goroutines
+// on the real clock. The rate is far below the call rate, so the bucket is
+// nearly always empty and any interval counted twice shows as excess; the
+// burst holds 100 ms of tokens, so a caller whose reading went stale while it
+// was descheduled could mint that much again. elapsed runs from before the
+// bucket is built to after the last call returned, so burst + rate × elapsed
+// is a bound the bucket must keep.
+func TestTokenBucketBoundUnderConcurrency(t *testing.T) {
+	const (
+		rate     = 500.0
+		burst    = 50
+		run      = 300 * time.Millisecond
+		maxCalls = 20_000_000 // per goroutine: a bound on count besides the one on time
+	)
+	for _, n := range []int{2, 8, 64} {
+		t.Run(fmt.Sprintf("goroutines=%d", n), func(t *testing.T) {
+			start := time.Now()
+			b := NewTokenBucket(rate, burst, RealClock{})
+			stop := start.Add(run)
+			var admitted, calls atomic.Int64
+			var wg sync.WaitGroup
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine, tries int64
+					for ; tries < maxCalls; tries++ {
+						if tries%64 == 0 && time.Now().After(stop) {
+							break
+						}
+						if b.Allow(1) {
+							mine++
+						}
+					}
+					admitted.Add(mine)
+					calls.Add(tries)
+				}()
+			}
+			waitGroupWithin(t, &wg, 30*time.Second)
+			elapsed := time.Since(start)
+
+			bound := burst + rate*elapsed.Seconds()
+			t.Logf("%d goroutines, %v: %d calls, %d admitted, bound %.0f",
+				n, elapsed.Round(time.Millisecond), calls.Load(), admitted.Load(), bound)
+			if got := float64(admitted.Load()); got > bound {
+				t.Fatalf("%d goroutines admitted %d in %v, more than burst + rate × elapsed = %.0f (%.2f×)",
+					n, admitted.Load(), elapsed, bound, got/bound)
+			}
+			if calls.Load() < 10*int64(bound) {
+				t.Fatalf("only %d calls for a bound of %.0f: too few to put the bound to the test", calls.Load(), bound)
+			}
+		})
+	}
+}
+
+// waitGroupWithin waits for wg, failing the test if that takes longer than d.
+func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("goroutines still running after %v", d)
 	}
 }
 
