@@ -102,7 +102,9 @@ func (b *TokenBucket) Tokens() float64 {
 // WaitN takes n tokens now, going into debt if it must, and blocks until the
 // debt is paid. If ctx ends first, or its deadline falls before the debt can
 // be paid, the n tokens are given back and the error says why.
-// n greater than the burst returns ErrExceedsBurst at once.
+// n greater than the burst returns ErrExceedsBurst at once. A debt that would
+// take longer than a time.Duration holds (about 292 years, at a tiny rate)
+// waits that long: in practice, until ctx ends.
 func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
 	if n <= 0 {
 		return nil
@@ -166,11 +168,19 @@ func (b *TokenBucket) refill(now time.Time) {
 	b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.burst)
 }
 
-// debtWait is how long until a negative balance is back to zero.
+// maxWait is the longest wait a time.Duration holds, about 292 years.
+const maxWait = time.Duration(math.MaxInt64)
+
+// debtWait is how long until a negative balance is back to zero, at most
+// maxWait: at a tiny rate a debt can take longer than a Duration holds.
 // It requires that b.mu is held.
 func (b *TokenBucket) debtWait() time.Duration {
 	if b.tokens >= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(-b.tokens / b.rate * float64(time.Second)))
+	ns := math.Ceil(-b.tokens / b.rate * float64(time.Second))
+	if ns >= float64(maxWait) { // converting it would overflow: Go leaves the result undefined
+		return maxWait
+	}
+	return time.Duration(ns)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -266,6 +267,140 @@ func TestTokenBucketWaitNErrors(t *testing.T) {
 	cancelNow()
 	if err := b.Take(done); !errors.Is(err, context.Canceled) {
 		t.Errorf("Take on a cancelled context = %v, want Canceled", err)
+	}
+}
+
+// TestTokenBucketWaitNTinyRate: at 1e-12 tokens per second one token of debt
+// takes 1e12 s, longer than a time.Duration can hold. WaitN must still wait
+// (until its context ends, in practice), and a context deadline that comes
+// first refuses at once, giving the tokens back.
+func TestTokenBucketWaitNTinyRate(t *testing.T) {
+	const tiny = 1e-12
+	t.Run("waits until cancelled", func(t *testing.T) {
+		clock := NewManualClock(t0)
+		b := NewTokenBucket(tiny, 1, clock)
+		b.Allow(1)
+		done, cancel := waitNBlocks(t, clock, b, 1)
+		clock.Advance(100 * 365 * 24 * time.Hour) // a century pays 3e-3 of the token
+		select {
+		case err := <-done:
+			t.Fatalf("WaitN returned %v after a century, with a debt of 31 700 years", err)
+		default:
+		}
+		cancel()
+		if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
+			t.Fatalf("WaitN = %v, want context.Canceled", err)
+		}
+		if got := b.Tokens(); got < 0 || got >= 1 {
+			t.Fatalf("balance after the cancelled wait = %v, want the debt given back (0 ≤ balance < 1)", got)
+		}
+	})
+	t.Run("a deadline refuses at once", func(t *testing.T) {
+		b := NewTokenBucket(tiny, 1, RealClock{})
+		b.Allow(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.WaitN(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("WaitN with a 10 s deadline = %v, want DeadlineExceeded", err)
+		}
+		if ctx.Err() != nil {
+			t.Fatal("WaitN waited for the deadline instead of refusing at once")
+		}
+		if got := b.Tokens(); got < 0 || got >= 1 {
+			t.Fatalf("balance after the refused wait = %v, want the debt given back (0 ≤ balance < 1)", got)
+		}
+	})
+}
+
+// TestTokenBucketExtremeValues builds buckets at the edges of what the
+// constructor accepts: nothing panics, no balance becomes NaN or leaves
+// [-n, burst], and a debt always waits, paid in 1 ns at a huge rate and never
+// within a time.Duration at a tiny one.
+func TestTokenBucketExtremeValues(t *testing.T) {
+	tests := []struct {
+		name  string
+		rate  float64
+		burst int
+		payIn time.Duration // how long one token of debt waits; 0: longer than any Duration
+	}{
+		{"huge rate, huge burst", 1e300, math.MaxInt, time.Nanosecond},
+		{"largest rate", math.MaxFloat64, 1, time.Nanosecond},
+		{"tiny rate, huge burst", 1e-12, math.MaxInt, 0},
+		{"smallest rate", math.SmallestNonzeroFloat64, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(tt.rate, tt.burst, clock)
+			if !b.Allow(tt.burst) {
+				t.Fatal("a new bucket did not hand out its burst")
+			}
+			if got := b.Tokens(); got != 0 {
+				t.Fatalf("balance after taking the burst = %v, want 0", got)
+			}
+			done, cancel := waitNBlocks(t, clock, b, 1)
+			if tt.payIn > 0 {
+				clock.Advance(tt.payIn)
+				if err := receiveWithin(t, done, 10*time.Second); err != nil {
+					t.Fatalf("WaitN = %v once its debt was paid", err)
+				}
+			} else {
+				clock.Advance(100 * 365 * 24 * time.Hour)
+				select {
+				case err := <-done:
+					t.Fatalf("WaitN returned %v after a century of clock time", err)
+				default:
+				}
+				cancel()
+				if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
+					t.Fatalf("WaitN = %v, want context.Canceled", err)
+				}
+			}
+			clock.Advance(time.Duration(math.MaxInt64))
+			got := b.Tokens()
+			if math.IsNaN(got) || got < 0 || got > float64(tt.burst) {
+				t.Fatalf("balance after the longest Duration = %v, want within [0, %d]", got, tt.burst)
+			}
+			if tt.payIn > 0 && got != float64(tt.burst) {
+				t.Fatalf("balance after the longest Duration = %v, want the bucket full (%d)", got, tt.burst)
+			}
+		})
+	}
+}
+
+// waitNBlocks starts b.WaitN(ctx, n) on its own goroutine and fails the test
+// unless WaitN waits on the manual clock rather than returning at once. It
+// returns the channel WaitN's result arrives on and the cancel of its ctx.
+func waitNBlocks(t *testing.T, clock *ManualClock, b *TokenBucket, n int) (<-chan error, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	safety, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- b.WaitN(ctx, n) }()
+	waiting := make(chan error, 1)
+	go func() { waiting <- clock.BlockUntilWaiters(safety, 1) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitN(%d) returned %v at once, with a debt it cannot have paid", n, err)
+	case err := <-waiting:
+		if err != nil {
+			t.Fatalf("WaitN(%d) never started waiting: %v", n, err)
+		}
+	}
+	return done, cancel
+}
+
+// receiveWithin returns what ch delivers, failing the test if nothing comes within d.
+func receiveWithin(t *testing.T, ch <-chan error, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(d):
+		t.Fatalf("nothing within %v", d)
+		return nil
 	}
 }
 
