@@ -15,7 +15,8 @@ package guard
 //     clock, then waited for the lock) earns nothing and moves nothing. So no
 //     interval is counted twice, whatever order readings arrive in, and the
 //     bucket never admits more than burst + rate × elapsed. A clock that
-//     steps backwards mints nothing until it passes its latest reading again.
+//     steps backwards mints nothing until it passes its latest reading again
+//     (RealClock cannot: Go's readings carry a monotonic clock).
 
 import (
 	"context"
