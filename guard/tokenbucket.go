@@ -10,8 +10,13 @@ package guard
 //   - WaitN(ctx, n) takes n tokens now even if that drives the balance below
 //     zero (debt), then waits until the debt is paid. If ctx ends first the
 //     tokens are given back.
-//   - A clock that steps backwards never mints tokens: elapsed time is
-//     counted from the new reading.
+//   - Time only counts forward: tokens are earned from the latest reading
+//     the bucket has seen, and an earlier reading (a caller that read the
+//     clock, then waited for the lock) earns nothing and moves nothing. So no
+//     interval is counted twice, whatever order readings arrive in, and the
+//     bucket never admits more than burst + rate × elapsed. A clock that
+//     steps backwards mints nothing until it passes its latest reading again
+//     (RealClock cannot: Go's readings carry a monotonic clock).
 
 import (
 	"context"
@@ -72,7 +77,9 @@ func (b *TokenBucket) now() time.Time {
 // Allow takes n tokens if the bucket holds them and reports whether it did.
 // A refused call takes nothing. n greater than the burst is always refused.
 func (b *TokenBucket) Allow(n int) bool {
-	now := b.now() // read outside the lock: the clock can be the slow part
+	// The clock is read outside the lock, which stays short; a reading that
+	// went stale while waiting for it earns nothing (see refill).
+	now := b.now()
 	need := float64(n)
 	b.mu.Lock()
 	b.refill(now)
@@ -96,7 +103,9 @@ func (b *TokenBucket) Tokens() float64 {
 // WaitN takes n tokens now, going into debt if it must, and blocks until the
 // debt is paid. If ctx ends first, or its deadline falls before the debt can
 // be paid, the n tokens are given back and the error says why.
-// n greater than the burst returns ErrExceedsBurst at once.
+// n greater than the burst returns ErrExceedsBurst at once. A debt that would
+// take longer than a time.Duration holds (about 292 years, at a tiny rate)
+// waits that long: in practice, until ctx ends.
 func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
 	if n <= 0 {
 		return nil
@@ -144,15 +153,14 @@ func (b *TokenBucket) giveBack(n float64) {
 	b.mu.Unlock()
 }
 
-// refill adds the tokens earned since b.last, capped at the burst.
+// refill adds the tokens earned since b.last, capped at the burst, and moves
+// b.last to now. A reading no later than b.last changes nothing: its time has
+// been counted already.
 // It requires that b.mu is held.
 func (b *TokenBucket) refill(now time.Time) {
 	elapsed := now.Sub(b.last)
 	if elapsed <= 0 {
-		if elapsed < 0 {
-			b.last = now // the clock stepped back: count from here, mint nothing
-		}
-		return
+		return // a stale reading, or a clock that stepped back: never move last backwards
 	}
 	b.last = now
 	if b.tokens >= b.burst {
@@ -161,11 +169,19 @@ func (b *TokenBucket) refill(now time.Time) {
 	b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.burst)
 }
 
-// debtWait is how long until a negative balance is back to zero.
+// maxWait is the longest wait a time.Duration holds, about 292 years.
+const maxWait = time.Duration(math.MaxInt64)
+
+// debtWait is how long until a negative balance is back to zero, at most
+// maxWait: at a tiny rate a debt can take longer than a Duration holds.
 // It requires that b.mu is held.
 func (b *TokenBucket) debtWait() time.Duration {
 	if b.tokens >= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(-b.tokens / b.rate * float64(time.Second)))
+	ns := math.Ceil(-b.tokens / b.rate * float64(time.Second))
+	if ns >= float64(maxWait) { // converting it would overflow: Go leaves the result undefined
+		return maxWait
+	}
+	return time.Duration(ns)
 }

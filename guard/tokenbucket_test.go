@@ -3,6 +3,10 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -75,17 +79,109 @@ func countAllowed(b *TokenBucket, tries int) int {
 	return n
 }
 
-func TestTokenBucketClockBackwardsMintsNothing(t *testing.T) {
-	clock := NewManualClock(t0)
-	b := NewTokenBucket(10, 5, clock)
-	b.Allow(5)
-	clock.Set(t0.Add(-time.Hour))
-	if b.Allow(1) {
-		t.Fatal("a backwards step minted a token")
+// TestTokenBucketReadingsOutOfOrder delivers clock readings in the order
+// concurrent callers can: one reads the clock, another reads it later and
+// takes the lock first, then the first arrives with its older reading. At each
+// reading the bucket is drained. No interval may be counted twice: what is
+// admitted never exceeds burst + rate × (latest reading − start).
+func TestTokenBucketReadingsOutOfOrder(t *testing.T) {
+	const rate, burst = 10, 5 // one token per 100 ms
+	ms := time.Millisecond
+	tests := []struct {
+		name     string
+		readings []time.Duration // offsets from the bucket's start
+		want     int
+	}{
+		{"in order", []time.Duration{0, 100 * ms, 200 * ms, 300 * ms}, burst + 3},
+		{"a stale reading between two fresh ones", []time.Duration{0, 100 * ms, 0, 100 * ms}, burst + 1},
+		{"stale readings again and again", []time.Duration{0, 300 * ms, 100 * ms, 300 * ms, 200 * ms, 300 * ms, 0, 300 * ms}, burst + 3},
+		{"a stale reading, then a later one", []time.Duration{0, 200 * ms, 100 * ms, 300 * ms}, burst + 3},
+		{"the clock steps back an hour", []time.Duration{0, 100 * ms, -time.Hour, -time.Hour + 100*ms, 100 * ms, 200 * ms}, burst + 2},
 	}
-	clock.Set(t0.Add(-time.Hour + 100*time.Millisecond)) // 100 ms after the new reading: one token
-	if !b.Allow(1) || b.Allow(1) {
-		t.Fatal("after the step back, 100 ms should earn exactly one token")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(rate, burst, clock)
+			admitted, latest := 0, time.Duration(0)
+			for _, at := range tt.readings {
+				clock.Set(t0.Add(at))
+				latest = max(latest, at)
+				admitted += countAllowed(b, 1000)
+			}
+			if bound := burst + rate*latest.Seconds(); float64(admitted) > bound {
+				t.Fatalf("readings %v admitted %d, more than burst + rate × elapsed = %v", tt.readings, admitted, bound)
+			}
+			if admitted != tt.want {
+				t.Fatalf("readings %v admitted %d, want %d", tt.readings, admitted, tt.want)
+			}
+		})
+	}
+}
+
+// TestTokenBucketBoundUnderConcurrency hammers one bucket from many goroutines
+// on the real clock. The rate is far below the call rate, so the bucket is
+// nearly always empty and any interval counted twice shows as excess; the
+// burst holds 100 ms of tokens, so a caller whose reading went stale while it
+// was descheduled could mint that much again. elapsed runs from before the
+// bucket is built to after the last call returned, so burst + rate × elapsed
+// is a bound the bucket must keep.
+func TestTokenBucketBoundUnderConcurrency(t *testing.T) {
+	const (
+		rate     = 500.0
+		burst    = 50
+		run      = 300 * time.Millisecond
+		maxCalls = 20_000_000 // per goroutine: a bound on count besides the one on time
+	)
+	for _, n := range []int{2, 8, 64} {
+		t.Run(fmt.Sprintf("goroutines=%d", n), func(t *testing.T) {
+			start := time.Now()
+			b := NewTokenBucket(rate, burst, RealClock{})
+			stop := start.Add(run)
+			var admitted, calls atomic.Int64
+			var wg sync.WaitGroup
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine, tries int64
+					for ; tries < maxCalls; tries++ {
+						if tries%64 == 0 && time.Now().After(stop) {
+							break
+						}
+						if b.Allow(1) {
+							mine++
+						}
+					}
+					admitted.Add(mine)
+					calls.Add(tries)
+				}()
+			}
+			waitGroupWithin(t, &wg, 30*time.Second)
+			elapsed := time.Since(start)
+
+			bound := burst + rate*elapsed.Seconds()
+			t.Logf("%d goroutines, %v: %d calls, %d admitted, bound %.0f",
+				n, elapsed.Round(time.Millisecond), calls.Load(), admitted.Load(), bound)
+			if got := float64(admitted.Load()); got > bound {
+				t.Fatalf("%d goroutines admitted %d in %v, more than burst + rate × elapsed = %.0f (%.2f×)",
+					n, admitted.Load(), elapsed, bound, got/bound)
+			}
+			if calls.Load() < 10*int64(bound) {
+				t.Fatalf("only %d calls for a bound of %.0f: too few to put the bound to the test", calls.Load(), bound)
+			}
+		})
+	}
+}
+
+// waitGroupWithin waits for wg, failing the test if that takes longer than d.
+func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("goroutines still running after %v", d)
 	}
 }
 
@@ -171,6 +267,140 @@ func TestTokenBucketWaitNErrors(t *testing.T) {
 	cancelNow()
 	if err := b.Take(done); !errors.Is(err, context.Canceled) {
 		t.Errorf("Take on a cancelled context = %v, want Canceled", err)
+	}
+}
+
+// TestTokenBucketWaitNTinyRate: at 1e-12 tokens per second one token of debt
+// takes 1e12 s, longer than a time.Duration can hold. WaitN must still wait
+// (until its context ends, in practice), and a context deadline that comes
+// first refuses at once, giving the tokens back.
+func TestTokenBucketWaitNTinyRate(t *testing.T) {
+	const tiny = 1e-12
+	t.Run("waits until cancelled", func(t *testing.T) {
+		clock := NewManualClock(t0)
+		b := NewTokenBucket(tiny, 1, clock)
+		b.Allow(1)
+		done, cancel := waitNBlocks(t, clock, b, 1)
+		clock.Advance(100 * 365 * 24 * time.Hour) // a century pays 3e-3 of the token
+		select {
+		case err := <-done:
+			t.Fatalf("WaitN returned %v after a century, with a debt of 31 700 years", err)
+		default:
+		}
+		cancel()
+		if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
+			t.Fatalf("WaitN = %v, want context.Canceled", err)
+		}
+		if got := b.Tokens(); got < 0 || got >= 1 {
+			t.Fatalf("balance after the cancelled wait = %v, want the debt given back (0 ≤ balance < 1)", got)
+		}
+	})
+	t.Run("a deadline refuses at once", func(t *testing.T) {
+		b := NewTokenBucket(tiny, 1, RealClock{})
+		b.Allow(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.WaitN(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("WaitN with a 10 s deadline = %v, want DeadlineExceeded", err)
+		}
+		if ctx.Err() != nil {
+			t.Fatal("WaitN waited for the deadline instead of refusing at once")
+		}
+		if got := b.Tokens(); got < 0 || got >= 1 {
+			t.Fatalf("balance after the refused wait = %v, want the debt given back (0 ≤ balance < 1)", got)
+		}
+	})
+}
+
+// TestTokenBucketExtremeValues builds buckets at the edges of what the
+// constructor accepts: nothing panics, no balance becomes NaN or leaves
+// [-n, burst], and a debt always waits, paid in 1 ns at a huge rate and never
+// within a time.Duration at a tiny one.
+func TestTokenBucketExtremeValues(t *testing.T) {
+	tests := []struct {
+		name  string
+		rate  float64
+		burst int
+		payIn time.Duration // how long one token of debt waits; 0: longer than any Duration
+	}{
+		{"huge rate, huge burst", 1e300, math.MaxInt, time.Nanosecond},
+		{"largest rate", math.MaxFloat64, 1, time.Nanosecond},
+		{"tiny rate, huge burst", 1e-12, math.MaxInt, 0},
+		{"smallest rate", math.SmallestNonzeroFloat64, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(tt.rate, tt.burst, clock)
+			if !b.Allow(tt.burst) {
+				t.Fatal("a new bucket did not hand out its burst")
+			}
+			if got := b.Tokens(); got != 0 {
+				t.Fatalf("balance after taking the burst = %v, want 0", got)
+			}
+			done, cancel := waitNBlocks(t, clock, b, 1)
+			if tt.payIn > 0 {
+				clock.Advance(tt.payIn)
+				if err := receiveWithin(t, done, 10*time.Second); err != nil {
+					t.Fatalf("WaitN = %v once its debt was paid", err)
+				}
+			} else {
+				clock.Advance(100 * 365 * 24 * time.Hour)
+				select {
+				case err := <-done:
+					t.Fatalf("WaitN returned %v after a century of clock time", err)
+				default:
+				}
+				cancel()
+				if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
+					t.Fatalf("WaitN = %v, want context.Canceled", err)
+				}
+			}
+			clock.Advance(time.Duration(math.MaxInt64))
+			got := b.Tokens()
+			if math.IsNaN(got) || got < 0 || got > float64(tt.burst) {
+				t.Fatalf("balance after the longest Duration = %v, want within [0, %d]", got, tt.burst)
+			}
+			if tt.payIn > 0 && got != float64(tt.burst) {
+				t.Fatalf("balance after the longest Duration = %v, want the bucket full (%d)", got, tt.burst)
+			}
+		})
+	}
+}
+
+// waitNBlocks starts b.WaitN(ctx, n) on its own goroutine and fails the test
+// unless WaitN waits on the manual clock rather than returning at once. It
+// returns the channel WaitN's result arrives on and the cancel of its ctx.
+func waitNBlocks(t *testing.T, clock *ManualClock, b *TokenBucket, n int) (<-chan error, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	safety, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- b.WaitN(ctx, n) }()
+	waiting := make(chan error, 1)
+	go func() { waiting <- clock.BlockUntilWaiters(safety, 1) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitN(%d) returned %v at once, with a debt it cannot have paid", n, err)
+	case err := <-waiting:
+		if err != nil {
+			t.Fatalf("WaitN(%d) never started waiting: %v", n, err)
+		}
+	}
+	return done, cancel
+}
+
+// receiveWithin returns what ch delivers, failing the test if nothing comes within d.
+func receiveWithin(t *testing.T, ch <-chan error, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(d):
+		t.Fatalf("nothing within %v", d)
+		return nil
 	}
 }
 

@@ -49,25 +49,36 @@ func TestExercise2TooFewSamples(t *testing.T) {
 	}
 }
 
-// Exercise 3 (observe): advance the manual clock by 200 ms, then sleep 200 ms for real.
-// Answer: the manual clock moves 200 ms in next to no real time, the sleep costs 200 ms of
-// real time. That is why every guard test runs on the manual clock. (This drill sleeps on
-// purpose: the sleep is what it shows.)
+// Exercise 3 (observe): wait 200 ms on the manual clock, then 200 ms on the real one.
+// Answer: the manual clock's timer fires the moment Advance(200ms) is called, in next to
+// no real time; the real clock's timer fires after 200 ms of real time. That is why every
+// guard test runs on the manual clock. Both are the timers a waiting Take sleeps on.
 func TestExercise3ManualVersusReal(t *testing.T) {
+	const d = 200 * time.Millisecond
 	clock := guard.NewManualClock(t0)
 	start := time.Now()
-	clock.Advance(200 * time.Millisecond)
+	fired := clock.After(d)
+	clock.Advance(d)
+	select {
+	case at := <-fired:
+		if got := at.Sub(t0); got != d {
+			t.Fatalf("the manual timer fired at %v of clock time, want %v", got, d)
+		}
+	default:
+		t.Fatal("Advance(200ms) did not fire a 200 ms manual timer")
+	}
 	manualReal := time.Since(start)
-	if got := clock.Now().Sub(t0); got != 200*time.Millisecond {
-		t.Fatalf("manual clock moved %v, want 200ms", got)
-	}
+
 	start = time.Now()
-	time.Sleep(200 * time.Millisecond)
-	slept := time.Since(start)
-	if slept < 200*time.Millisecond {
-		t.Fatalf("slept only %v", slept)
+	select {
+	case <-guard.RealClock{}.After(d):
+		if got := time.Since(start); got < d {
+			t.Fatalf("the real timer fired after %v, before its %v", got, d)
+		}
+	case <-time.After(10 * time.Second): // a safety net, not the wait
+		t.Fatal("a 200 ms real timer did not fire within 10 s")
 	}
-	t.Logf("advance(200ms) took %v of real time; sleep(200ms) took %v", manualReal, slept)
+	t.Logf("a 200 ms timer: %v of real time on the manual clock, %v on the real clock", manualReal, time.Since(start))
 }
 
 // Exercise 4 (extend): Take(ctx) blocks until one token is there.
