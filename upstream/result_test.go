@@ -196,3 +196,36 @@ func TestVerdictString(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkJudge judges the two common results, an answer and a plain
+// timeout, and the longest path, a wrapped error that matches nothing.
+func BenchmarkJudge(b *testing.B) {
+	reply := make([]byte, 64)
+	other := fmt.Errorf("exchange: %w", errors.New("other"))
+	b.ReportAllocs()
+	for b.Loop() {
+		if Judge(reply, nil) != Answer || Judge(nil, ErrTimeout) != Failure || Judge(nil, other) != Failure {
+			b.Fatal("wrong verdict")
+		}
+	}
+}
+
+// BenchmarkMarkAnswered is the stamp every valid reply leaves, from one
+// reader and from every core at once (as the socket readers do).
+func BenchmarkMarkAnswered(b *testing.B) {
+	u := &Upstream{epoch: time.Now()}
+	b.Run("single", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			u.markAnswered()
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				u.markAnswered()
+			}
+		})
+	})
+}
