@@ -80,7 +80,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		p.leave()
 		p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
 		markBreaker(permit, upstream.Judge(reply, err))
-		if err != nil { // any timeout, a slow name's too: the client gets SERVFAIL
+		if err != nil { // any error, a slow name's timeout too: the client gets SERVFAIL
 			qend, ok := wire.QuestionEnd(query)
 			if !ok {
 				qend = wire.HeaderLen // cannot happen for a query the server parsed; answer without a question

@@ -10,8 +10,9 @@ package upstream
 //   - A failure is a network error, no valid reply, or a timeout while the
 //     upstream answered nothing else in time.
 //   - Uncounted is everything that says nothing about the upstream: a
-//     query cut short by Close, one never sent (no question, no free ID),
-//     and a timeout while the upstream answered other queries.
+//     query cut short by Close, one never sent (no question, no free ID, a
+//     full send queue: the proxy's own limits, not the upstream's), and a
+//     timeout while the upstream answered other queries.
 //
 // The last rule is what tells a dead upstream from a slow name. A name whose
 // authority is slow times out while its neighbours are answered; a dead or
@@ -50,7 +51,10 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
+
+	"dnsproxi/internal/batchio"
 )
 
 // ErrNameTimeout ends a query that got no valid reply before its deadline
@@ -93,8 +97,9 @@ func Judge(reply []byte, err error) Verdict {
 		return Answer
 	case err == nil:
 		return Failure // no error and no reply: no valid reply
-	case errors.Is(err, ErrNameTimeout), errors.Is(err, ErrClosed),
-		errors.Is(err, ErrBusy), errors.Is(err, ErrNoQuery):
+	case errors.Is(err, ErrNameTimeout),
+		errors.Is(err, ErrClosed), errors.Is(err, net.ErrClosed), // shutdown
+		errors.Is(err, ErrBusy), errors.Is(err, ErrNoQuery), errors.Is(err, batchio.ErrQueueFull): // never sent
 		return Uncounted
 	}
 	return Failure

@@ -11,6 +11,7 @@ import (
 	"github.com/miekg/dns"
 
 	"dnsproxi/exercises/fakeupstream"
+	"dnsproxi/internal/batchio"
 )
 
 // forward sends a query for name over network and returns where its error
@@ -179,6 +180,8 @@ func TestJudge(t *testing.T) {
 		{"wrapped shutdown", nil, fmt.Errorf("exchange: %w", ErrClosed), Uncounted},
 		{"never sent: no free ID", nil, ErrBusy, Uncounted},
 		{"never sent: no question", nil, ErrNoQuery, Uncounted},
+		{"never sent: the socket's send queue is full", nil, batchio.ErrQueueFull, Uncounted},
+		{"never sent: the socket closed under it (shutdown)", nil, net.ErrClosed, Uncounted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

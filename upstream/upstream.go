@@ -71,9 +71,9 @@ type Upstream struct {
 	sweeper   sync.WaitGroup
 	closed    atomic.Bool
 
-	// answered is when a valid reply was last taken, as time since epoch;
-	// the sweeper reads it to judge a timeout (result.go). Every reader
-	// writes it, so it sits on a cache line of its own.
+	// answered is when a valid reply was last taken, as time since epoch
+	// (monotonic); the sweeper reads it to judge a timeout (result.go).
+	// Every reader writes it, so it sits on a cache line of its own.
 	epoch    time.Time
 	_        [64]byte
 	answered atomic.Int64
