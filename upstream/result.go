@@ -41,12 +41,16 @@ package upstream
 //     breaker answers only "is the upstream answering at all".
 //   - A flood of one slow name while nothing else is asked has no
 //     neighbour to vouch for the upstream: its timeouts are failures and
-//     the breaker may open. With nothing else asked, nobody is refused who
-//     would have been answered: the flood gets its SERVFAIL at once instead
-//     of after the timeout, and the upstream is spared it. The first other
-//     name asked after a cool-off is a probe that closes the breaker.
-//     Likewise a half-open probe for a slow name fails (nothing else is let
-//     through to vouch) and the next cool-off probes again.
+//     the breaker may open. The flood gets its SERVFAIL at once instead of
+//     after the timeout, and the upstream is spared it; a probe for another
+//     name, after a cool-off, closes the breaker. A half-open probe for a
+//     slow name fails (nothing else is let through to vouch), and the next
+//     cool-off probes again. This is the rule's
+//     blind spot: beside such a flood (an attacker with a slow zone can
+//     make one), clients that ask less than once per timeout are refused
+//     while it lasts. A probe the proxy makes itself, for a name known to
+//     answer, would close that gap; it belongs with the health checks of
+//     the set of upstreams.
 
 import (
 	"errors"
