@@ -11,6 +11,7 @@ import (
 
 	"dnsproxi/exercises/fakeupstream"
 	"dnsproxi/guard"
+	"dnsproxi/upstream"
 )
 
 // sendAll writes the queries to c at once, without waiting for answers.
@@ -132,5 +133,41 @@ func TestSlowNamesDoNotOpenTheBreaker(t *testing.T) {
 	}
 	if got := count(a, "A", "breaker_open", 1); got != 1 || up.Total() != before {
 		t.Fatalf("breaker_open %d, upstream received %d more; want 1 and 0", got, up.Total()-before)
+	}
+}
+
+// Each verdict ends the half-open probe's permit as the breaker must hear
+// it: an answer closes, a failure re-opens, and an uncounted result decides
+// nothing but lets the next query probe at once.
+func TestMarkBreakerEndsTheProbe(t *testing.T) {
+	tests := []struct {
+		verdict   upstream.Verdict
+		want      guard.State
+		nextProbe bool // may the next query probe without another cool-off?
+	}{
+		{upstream.Answer, guard.Closed, true},
+		{upstream.Failure, guard.Open, false},
+		{upstream.Uncounted, guard.HalfOpen, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.verdict.String(), func(t *testing.T) {
+			clock := guard.NewManualClock(time.Now())
+			b := guard.NewBreaker(guard.BreakerConfig{MinSamples: 1, CoolOff: time.Second}, clock)
+			if p, err := b.Acquire(); err == nil {
+				p.Failure() // open
+			}
+			clock.Advance(time.Second)
+			probe, err := b.Acquire()
+			if err != nil || b.State() != guard.HalfOpen {
+				t.Fatalf("no probe: %v, state %v", err, b.State())
+			}
+			markBreaker(probe, tt.verdict)
+			if s := b.State(); s != tt.want {
+				t.Fatalf("after the probe's %v: breaker %v, want %v", tt.verdict, s, tt.want)
+			}
+			if _, err := b.Acquire(); (err == nil) != tt.nextProbe {
+				t.Fatalf("the next query: %v; want let through %v", err, tt.nextProbe)
+			}
+		})
 	}
 }
