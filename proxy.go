@@ -70,8 +70,8 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	}
 
 	// 3. Exchange. Whatever happens to the query (an answer, a timeout, a
-	// network error, shutdown), this runs exactly once, so the breaker hears
-	// of every call it let through exactly once.
+	// network error, shutdown), this runs exactly once, so every permit the
+	// breaker handed out is ended exactly once.
 	udpSize := 0
 	if q.Net == "udp" {
 		udpSize = q.UDPSize
@@ -79,8 +79,8 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	p.upstream.Forward(q.Wire, q.Net, func(query, reply []byte, err error) {
 		p.leave()
 		p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
-		if err != nil { // only an upstream failure is a failure: any answer, SERVFAIL too, is a success
-			permit.Failure()
+		markBreaker(permit, upstream.Judge(reply, err))
+		if err != nil { // any error, a slow name's timeout too: the client gets SERVFAIL
 			qend, ok := wire.QuestionEnd(query)
 			if !ok {
 				qend = wire.HeaderLen // cannot happen for a query the server parsed; answer without a question
@@ -88,10 +88,23 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 			p.reply(w, query, qend, dns.RcodeServerFailure, qtype, metrics.UpstreamError, start)
 			return
 		}
-		permit.Success()
 		w.Write(truncate(reply, udpSize))
 		p.count(qtype, metrics.Forwarded, start)
 	})
+}
+
+// markBreaker ends the breaker's permit with what the exchange says about the
+// upstream: an answer (SERVFAIL included) is a success, a failure a failure;
+// shutdown or a slow name's timeout is neither, and a probe's place is freed.
+func markBreaker(permit guard.Permit, v upstream.Verdict) {
+	switch v {
+	case upstream.Answer:
+		permit.Success()
+	case upstream.Failure:
+		permit.Failure()
+	default:
+		permit.Cancel()
+	}
 }
 
 // enter takes a place among the queries at the upstream, if the cap allows.

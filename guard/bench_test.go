@@ -160,3 +160,28 @@ func BenchmarkBreakerMarkFailure(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkBreakerCancel ends permits with nothing to report (a slow name's
+// timeout, shutdown) on a closed breaker: Acquire and Cancel touch no lock.
+func BenchmarkBreakerCancel(b *testing.B) {
+	b.Run("guard-single", func(b *testing.B) {
+		br := NewBreaker(BreakerConfig{}, RealClock{})
+		b.ReportAllocs()
+		for b.Loop() {
+			if p, err := br.Acquire(); err == nil {
+				p.Cancel()
+			}
+		}
+	})
+	b.Run("guard-parallel", func(b *testing.B) {
+		br := NewBreaker(BreakerConfig{}, RealClock{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if p, err := br.Acquire(); err == nil {
+					p.Cancel()
+				}
+			}
+		})
+	})
+}

@@ -10,9 +10,14 @@ package guard
 //   - Half-open: exactly one call, the probe, is let through; everyone else
 //     gets ErrOpen. The probe's success closes the breaker with a cleared
 //     window; its failure opens it again and restarts the cool-off.
+//   - A call that says nothing about the dependency (it was cut short by
+//     shutdown, or failed for a reason of its own) ends with Permit.Cancel:
+//     it is no sample at all. A cancelled probe decides nothing and frees
+//     its place, so the next call probes.
 //
-// Every transition starts a new generation. Two hazards follow from calls
-// that outlive a transition, and this is how each is handled:
+// Every transition starts a new generation, and so does a cancelled probe.
+// Two hazards follow from calls that outlive a transition, and this is how
+// each is handled:
 //
 //   - A late result from a call admitted before the trip must not decide the
 //     half-open probe. Acquire hands out a Permit stamped with the
@@ -24,6 +29,9 @@ package guard
 //   - A probe whose result never comes back must not wedge the breaker in
 //     half-open. A probe that has not reported within CoolOff counts as
 //     failed: the next Allow re-opens the breaker and restarts the cool-off.
+//     A probe with nothing to report says so with Cancel and frees its place
+//     at once; the shorthand has no Cancel, so a probe let through by Allow
+//     that has nothing to report waits out that deadline.
 
 import (
 	"errors"
@@ -81,7 +89,7 @@ type Breaker struct {
 
 	mu       sync.Mutex
 	state    State
-	gen      uint64    // bumped on every transition
+	gen      uint64    // bumped on every transition, and when a probe is cancelled
 	since    time.Time // when the current state began (open: the cool-off's start)
 	probing  bool      // half-open: the probe is out
 	probeAt  time.Time // half-open: when the probe was let through
@@ -97,8 +105,9 @@ type Breaker struct {
 
 type transition struct{ from, to State }
 
-// Permit is what Acquire hands to a call it lets through; the call reports
-// its outcome with Success or Failure, exactly once. The zero Permit reports nothing.
+// Permit is what Acquire hands to a call it lets through; the call ends it
+// exactly once, with Success, Failure, or Cancel when its outcome says
+// nothing about the dependency. The zero Permit reports nothing.
 type Permit struct {
 	b   *Breaker
 	gen uint64
@@ -230,6 +239,25 @@ func (p Permit) Failure() {
 	if p.b != nil {
 		p.b.mark(p.gen, true)
 	}
+}
+
+// Cancel ends the permitted call without an outcome: it counts neither as a
+// success nor as a failure. If the call was the half-open probe, its place
+// is freed and the next call becomes the probe.
+func (p Permit) Cancel() {
+	if p.b == nil || p.b.closedGen.Load() == p.gen+1 {
+		return // closed in the permit's generation: no probe to free, nothing to record
+	}
+	b := p.b
+	b.mu.Lock()
+	if p.gen == b.gen && b.state == HalfOpen {
+		// In half-open the only permit of a generation is the probe's. A new
+		// generation spends it: a second Cancel or a late report through it
+		// cannot touch the next probe.
+		b.probing = false
+		b.gen++
+	}
+	b.mu.Unlock()
 }
 
 // mark records one outcome of generation gen; a late one is dropped.

@@ -202,6 +202,97 @@ func TestBreakerLostProbeDoesNotWedge(t *testing.T) {
 	}
 }
 
+// A call with nothing to say about the dependency (shutdown, a slow name)
+// ends with Cancel: it is no sample, neither success nor failure.
+func TestBreakerCancelRecordsNothing(t *testing.T) {
+	tests := []struct {
+		name     string
+		outcomes string // S success, F failure, C cancel, in order
+		want     State
+	}{
+		{"cancels alone never trip", "CCCCCCCCCCCCCCCCCCCCCCCC", Closed},
+		{"cancels are no samples: 3 failures stay below MinSamples", "FCFCFCCCCC", Closed},
+		{"cancels are no successes: the 4th failure trips", "FCFCFCCCCCF", Open},
+		{"cancels do not dilute the ratio", "SSCCCCCCFF", Open},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _ := newTestBreaker(t, BreakerConfig{MinSamples: 4, FailThreshold: 0.5})
+			for _, o := range tt.outcomes {
+				p, err := b.Acquire()
+				if err != nil {
+					t.Fatalf("Acquire in state %v = %v", b.State(), err)
+				}
+				switch o {
+				case 'S':
+					p.Success()
+				case 'F':
+					p.Failure()
+				case 'C':
+					p.Cancel()
+				}
+			}
+			if got := b.State(); got != tt.want {
+				t.Fatalf("after %s: state %v, want %v", tt.outcomes, got, tt.want)
+			}
+		})
+	}
+}
+
+// A cancelled probe frees its place at once: the next call probes, with no
+// wait for the lost-probe deadline (hazard 2).
+func TestBreakerCancelledProbeFreesItsPlace(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+	trip(t, b)
+	clock.Advance(time.Second)
+	probe, err := b.Acquire()
+	if err != nil {
+		t.Fatalf("probe refused: %v", err)
+	}
+	if err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("while the probe is out: %v, want ErrOpen", err)
+	}
+	probe.Cancel()
+	if s := b.State(); s != HalfOpen {
+		t.Fatalf("a cancelled probe moved the breaker to %v; it must decide nothing", s)
+	}
+	next, err := b.Acquire() // the clock has not moved
+	if err != nil {
+		t.Fatalf("after the probe was cancelled: %v, want the next call let through as the probe", err)
+	}
+	if err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("while the second probe is out: %v, want ErrOpen: still one probe at a time", err)
+	}
+	probe.Cancel() // cancelling again frees nothing: the place is the second probe's
+	if err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("a second Cancel of the first probe freed the second probe's place: %v", err)
+	}
+	next.Success()
+	if s := b.State(); s != Closed {
+		t.Fatalf("after the second probe's success: %v, want closed", s)
+	}
+}
+
+// A permit from an earlier generation cannot free the current probe's place.
+func TestBreakerLateCancelDoesNotFreeTheProbe(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+	slow, err := b.Acquire() // admitted while closed, cancelled much later
+	if err != nil {
+		t.Fatal(err)
+	}
+	trip(t, b)
+	clock.Advance(time.Second)
+	if _, err := b.Acquire(); err != nil {
+		t.Fatalf("probe refused: %v", err)
+	}
+	slow.Cancel()
+	if err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("a late Cancel let a second probe through: %v", err)
+	}
+	var zero Permit
+	zero.Cancel() // the zero Permit (gate off) cancels nothing, and does not panic
+}
+
 func TestBreakerOnStateChangeOrder(t *testing.T) {
 	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
 	var got []string
@@ -262,9 +353,12 @@ func TestBreakerConcurrent(t *testing.T) {
 				if err != nil {
 					continue
 				}
-				if (i+g)%3 == 0 {
+				switch (i + g) % 5 {
+				case 0, 3:
 					p.Failure()
-				} else {
+				case 4:
+					p.Cancel()
+				default:
 					p.Success()
 				}
 				if i%7 == 0 {

@@ -70,6 +70,14 @@ type Upstream struct {
 	stopSweep chan struct{}
 	sweeper   sync.WaitGroup
 	closed    atomic.Bool
+
+	// answered is when a valid reply was last taken, as time since epoch
+	// (monotonic); the sweeper reads it to judge a timeout (result.go).
+	// Every reader writes it, so it sits on a cache line of its own.
+	epoch    time.Time
+	_        [64]byte
+	answered atomic.Int64
+	_        [56]byte
 }
 
 // New resolves cfg.Addr once and opens the UDP sockets.
@@ -87,7 +95,7 @@ func New(cfg Config) (*Upstream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", cfg.Addr, err)
 	}
-	u := &Upstream{cfg: cfg, raddr: raddr, stopSweep: make(chan struct{})}
+	u := &Upstream{cfg: cfg, raddr: raddr, stopSweep: make(chan struct{}), epoch: time.Now()}
 	u.tcp = newTCPConns(u, raddr.String(), cfg.TCPIdle)
 	for range cfg.UDPSockets {
 		s, err := dialUDP(u, raddr)
@@ -130,7 +138,7 @@ func (u *Upstream) Forward(query []byte, network string, done Result) {
 		done(query, nil, ErrClosed)
 		return
 	}
-	c := newCall(query, qend, done, time.Now().Add(u.cfg.Timeout))
+	c := newCall(u, query, qend, done, time.Now().Add(u.cfg.Timeout))
 	if network == "tcp" {
 		u.forwardTCP(c)
 		return
@@ -144,7 +152,8 @@ func (u *Upstream) Forward(query []byte, network string, done Result) {
 // forwardTCP sends the query over one of the pipelined TCP connections.
 func (u *Upstream) forwardTCP(c *call) { u.tcp.send(c) }
 
-// sweep ends the queries whose deadline has passed, a few times per timeout.
+// sweep ends the queries whose deadline has passed, a few times per timeout,
+// each with ErrTimeout or ErrNameTimeout (result.go).
 func (u *Upstream) sweep() {
 	defer u.sweeper.Done()
 	every := min(max(u.cfg.Timeout/20, time.Millisecond), 100*time.Millisecond)
@@ -162,7 +171,7 @@ func (u *Upstream) sweep() {
 			}
 			expired = u.tcp.takeExpired(now, expired)
 			for _, c := range expired {
-				c.finish(nil, ErrTimeout)
+				c.finish(nil, u.timeoutFor(c))
 			}
 		}
 	}
@@ -206,6 +215,7 @@ func (u *Upstream) Exchange(ctx context.Context, req *dns.Msg, network string) (
 
 // call is one query in flight.
 type call struct {
+	u        *Upstream
 	wire     []byte // the query as sent, under the upstream ID while it is out
 	clientID uint16
 	qend     int // wire[12:qend] is the question
@@ -216,8 +226,9 @@ type call struct {
 
 var calls = sync.Pool{New: func() any { return new(call) }}
 
-func newCall(query []byte, qend int, done Result, deadline time.Time) *call {
+func newCall(u *Upstream, query []byte, qend int, done Result, deadline time.Time) *call {
 	c := calls.Get().(*call)
+	c.u = u
 	c.wire = append(c.wire[:0], query...)
 	c.clientID, c.qend, c.deadline, c.done, c.retried = wire.ID(query), qend, deadline, done, false
 	return c
@@ -228,6 +239,7 @@ func newCall(query []byte, qend int, done Result, deadline time.Time) *call {
 func (c *call) finish(reply []byte, err error) {
 	wire.SetID(c.wire, c.clientID)
 	if reply != nil {
+		c.u.markAnswered() // before done: the upstream answered in time
 		wire.SetID(reply, c.clientID)
 	}
 	c.done(c.wire, reply, err)

@@ -33,6 +33,12 @@ func TestDrills(t *testing.T) {
 				t.Errorf("slow numbers %v", n)
 			}
 		},
+		"slownames": func(t *testing.T, n map[string]int) {
+			if n["slow_servfail"] != 40 || n["neighbours_ok"] != 10 || n["opened_slow"] != 0 || n["refused_slow"] != 0 ||
+				n["dark_errors"] != 20 || n["opened"] != 1 || n["open_fast"] != 5 {
+				t.Errorf("slownames numbers %v", n)
+			}
+		},
 		"overload": func(t *testing.T, n map[string]int) {
 			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
 				t.Errorf("overload numbers %v", n)

@@ -20,12 +20,21 @@ type result struct {
 
 // load sends n queries from clients goroutines, spread evenly over d, each
 // waiting at most timeout, with tries attempts (like dig's +tries), and
-// returns every result once the last one is in.
+// returns every result once the last one is in. Every query asks a name of
+// its own.
 func load(addr string, n, clients int, d, timeout time.Duration, tries int) []result {
+	var seq atomic.Int64
+	return loadNames(addr, n, clients, d, timeout, tries, func(i int) string {
+		return fmt.Sprintf("q%d-%d.example.com.", i, seq.Add(1))
+	})
+}
+
+// loadNames is load with the names chosen by name, which must be safe for
+// concurrent use: query i asks name(i).
+func loadNames(addr string, n, clients int, d, timeout time.Duration, tries int, name func(i int) string) []result {
 	var (
 		results = make([]result, n)
 		wg      sync.WaitGroup
-		seq     atomic.Int64
 		start   = time.Now()
 	)
 	gap := d / time.Duration(max(n, 1))
@@ -39,7 +48,7 @@ func load(addr string, n, clients int, d, timeout time.Duration, tries int) []re
 				}
 				inner.Go(func() {
 					q := new(dns.Msg)
-					q.SetQuestion(fmt.Sprintf("q%d-%d.example.com.", i, seq.Add(1)), dns.TypeA)
+					q.SetQuestion(name(i), dns.TypeA)
 					sent := time.Since(start)
 					r := result{sent: sent}
 					for range max(tries, 1) {

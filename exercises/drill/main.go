@@ -3,7 +3,7 @@
 // through its environment, clients on loopback, and a report read from the
 // proxy's /metrics. It exits 1 when a gate did not behave as the chapter says.
 //
-//	go run ./exercises/drill ratelimit|breaker|flap|slow|overload|all [-quick]
+//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|overload|all [-quick]
 //	go run ./exercises/drill upstream -mode blackhole -addr 127.0.0.1:5300
 package main
 
@@ -29,6 +29,7 @@ var drills = []struct {
 	{"breaker", "trip, open, probe, close: the breaker's whole cycle", drillBreaker},
 	{"flap", "the breaker follows an upstream that dies and heals in turns", drillFlap},
 	{"slow", "what clients see of a slow upstream, without and with the breaker", drillSlow},
+	{"slownames", "slow names among answered neighbours cannot open the breaker; a dark upstream still does", drillSlowNames},
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
 }
 
@@ -147,7 +148,7 @@ func runUpstream(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	modeName := fs.String("mode", "ok", "ok, blackhole, slow, servfail, refused, truncate or flap")
 	addr := fs.String("addr", "127.0.0.1:5300", "loopback host:port to listen on (UDP and TCP)")
-	delay := fs.Duration("delay", 1500*time.Millisecond, "how long slow waits before answering")
+	delay := fs.Duration("delay", 1500*time.Millisecond, "how long slow mode, and a name under slow. in any mode, waits before answering")
 	period := fs.Duration("period", 3*time.Second, "how long each phase of flap lasts")
 	if err := fs.Parse(args); err != nil {
 		return 2
