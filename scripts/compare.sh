@@ -30,7 +30,8 @@
 # CLIENTS       dnsperf clients (8).       OUTSTANDING   queries outstanding, dnsperf -q (500; RATE: 100).
 # RATE          queries per second: measure the average latency (microseconds) at this fixed rate
 #               instead of QPS; the ratio is then dnsproxi's latency over the peer's (below 1 is better).
-#               Each line also shows the rate reached: below RATE, that forwarder could not keep up.
+#               Each line also shows the rate reached: below RATE, that forwarder could not keep up
+#               (the summary counts the runs below 95% of RATE).
 # PROTO         udp (default) or tcp: the transport dnsperf uses towards the forwarders.
 # MIX           unique (default; every name new, so no cache can help) or zipf (500,000 queries over
 #               20,000 names, Zipf s=1, like real traffic: a cache's hit rate settles near 97%).
@@ -369,7 +370,7 @@ measure() {
 }
 
 if [ -n "$RATE" ]; then unit=avg_latency_us; else unit=qps; fi
-declare -A runs
+declare -A runs below   # below: runs in latency mode that reached less than 95% of RATE
 for r in $(seq 1 "$ROUNDS"); do
 	for n in "${order[@]}"; do
 		read -r v qps ok lost < <(measure "$n")
@@ -380,6 +381,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		if [ -n "$RATE" ]; then v_line="$unit=$v qps=$qps"; else v_line="$unit=$v"; fi
 		echo "round $r $n $v_line noerror=$ok% lost=$lost%"
 		runs[$n]="${runs[$n]:-} $v"
+		if [ -n "$RATE" ] && [ $((qps * 100)) -lt $((RATE * 95)) ]; then below[$n]=$((${below[$n]:-0} + 1)); fi
 	done
 done
 
@@ -393,5 +395,6 @@ for n in "${order[@]}"; do
 	if [ -n "$ref" ] && [ "$n" != dnsproxi ] && [ "$m" -gt 0 ]; then
 		line+=" dnsproxi/$n=$(awk -v a="$ref" -v b="$m" 'BEGIN{printf "%.2f", a / b}')"
 	fi
+	[ -z "${below[$n]:-}" ] || line+=" (in ${below[$n]} runs it reached less than 95% of $RATE QPS)"
 	echo "$line"
 done
