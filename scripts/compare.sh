@@ -351,7 +351,8 @@ echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); PROXY_ENV
 for n in "${order[@]}"; do echo "# $n: $(version "$n") on 127.0.0.1:${target[$n]}"; done
 
 # measure NAME: one dnsperf run; prints the figure (QPS, or latency in microseconds), the QPS, the
-# share of answers that were NOERROR and the share of queries lost; or "fail".
+# share of answers that were NOERROR, the share of queries lost and the commonest other response
+# code; or "fail".
 measure() {
 	local args=(-s 127.0.0.1 -p "${target[$1]}" -m "$PROTO" -d "$QUERIES" -l "$SECONDS_EACH" -c "$CLIENTS" -q "$OUTSTANDING")
 	[ -z "$RATE" ] || args+=(-Q "$RATE")
@@ -359,29 +360,37 @@ measure() {
 	awk -v rate="$RATE" '
 		/Queries sent:/ { sent = $3 }
 		/Queries lost:/ { lost = $3 }
-		/Response codes:/ { for (i = 3; i < NF; i += 3) { codes += $(i + 1); if ($i == "NOERROR") ok = $(i + 1) } }
+		/Response codes:/ {
+			for (i = 3; i < NF; i += 3) {
+				codes += $(i + 1)
+				if ($i == "NOERROR") ok = $(i + 1)
+				else if ($(i + 1) > most) { most = $(i + 1); other = $i }
+			}
+		}
 		/Queries per second:/ { qps = $4 }
 		/Average Latency/ { lat = $4 * 1000000 }
 		END {
 			v = rate != "" ? lat : qps
 			if (sent == 0 || v == "") { print "fail"; exit }
-			printf "%.0f %.0f %.1f %.2f\n", v, qps, codes ? 100 * ok / codes : 0, 100 * lost / sent
+			printf "%.0f %.0f %.1f %.2f %s\n", v, qps, codes ? 100 * ok / codes : 0, 100 * lost / sent, other
 		}' "$work/dnsperf.out"
 }
 
 if [ -n "$RATE" ]; then unit=avg_latency_us; else unit=qps; fi
-declare -A runs below   # below: runs in latency mode that reached less than 95% of RATE
+# below: runs in latency mode that reached less than 95% of RATE; failing: runs with under 99% NOERROR
+declare -A runs below failing
 for r in $(seq 1 "$ROUNDS"); do
 	for n in "${order[@]}"; do
-		read -r v qps ok lost < <(measure "$n")
+		read -r v qps ok lost other < <(measure "$n")
 		if [ "$v" = fail ]; then
 			echo "round $r $n failed: $(grep -m1 -iE 'error|fatal' "$work/dnsperf.out" || tail -n 1 "$work/dnsperf.out")"
 			continue
 		fi
 		if [ -n "$RATE" ]; then v_line="$unit=$v qps=$qps"; else v_line="$unit=$v"; fi
-		echo "round $r $n $v_line noerror=$ok% lost=$lost%"
+		echo "round $r $n $v_line noerror=$ok%${other:+ (else mostly $other)} lost=$lost%"
 		runs[$n]="${runs[$n]:-} $v"
 		if [ -n "$RATE" ] && [ $((qps * 100)) -lt $((RATE * 95)) ]; then below[$n]=$((${below[$n]:-0} + 1)); fi
+		if [ "${ok%.*}" -lt 99 ]; then failing[$n]=$((${failing[$n]:-0} + 1)); fi
 	done
 done
 
@@ -396,5 +405,6 @@ for n in "${order[@]}"; do
 		line+=" dnsproxi/$n=$(awk -v a="$ref" -v b="$m" 'BEGIN{printf "%.2f", a / b}')"
 	fi
 	[ -z "${below[$n]:-}" ] || line+=" (in ${below[$n]} runs it reached less than 95% of $RATE QPS)"
+	[ -z "${failing[$n]:-}" ] || line+=" (in ${failing[$n]} runs under 99% of its answers were NOERROR)"
 	echo "$line"
 done
