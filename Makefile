@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: run build test vet bench drill fuzz overload
+.PHONY: run build test vet bench compare drill fuzz overload
 
 # run starts the proxy on 127.0.0.1:5398. DNS_UPSTREAM defaults to the first
 # nameserver of /etc/resolv.conf; set it to choose another upstream.
@@ -18,10 +18,16 @@ vet:
 	$(GO) vet ./...
 
 # bench runs the guard benchmarks (beside x/time/rate and gobreaker) and the
-# whole UDP path; ../shared/bench/run.sh compares the running proxy with its peers.
+# whole UDP path; make compare measures the whole proxy beside its peers.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./guard/
 	$(GO) test -run '^$$' -bench UDPPath -benchmem -benchtime 3s .
+
+# compare builds dnsproxi and runs it side by side with dnsdist, CoreDNS, Unbound
+# and dnsmasq (those installed, or PEERS) in front of a local NSD, under dnsperf;
+# make compare HELP=1 lists its variables (PEERS, ROUNDS, RATE, BASE_BIN, ...).
+compare:
+	@GO='$(GO)' bash scripts/compare.sh $(if $(HELP),-h)
 
 # drill runs every live drill at the chapter's timings (about a minute).
 drill:
