@@ -1,11 +1,12 @@
 package main
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"math"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,23 +16,51 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Config is dnsproxi's configuration, read from DNS_* environment variables.
+// Config is dnsproxi's configuration, read from DNS_* environment variables
+// by loadConfig. Each field's tags name its variable (envconfig), its
+// default, what -h says of it (desc) and, for numbers and durations, the
+// range it must lie in (min, max).
 type Config struct {
-	Listen            string        `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address"`
-	Upstream          string        `envconfig:"UPSTREAM" desc:"upstream host:port (default: first nameserver of /etc/resolv.conf, port 53)"`
-	UpstreamTimeout   time.Duration `envconfig:"UPSTREAM_TIMEOUT" default:"2s" desc:"deadline of one upstream exchange"`
-	RateLimit         RateLimit     `envconfig:"RATE_LIMIT" desc:"entry gate: rate or rate,burst in queries per second (burst defaults to rate); empty = off"`
-	BreakerThreshold  int           `envconfig:"BREAKER_THRESHOLD" default:"0" desc:"forward gate: failure percentage 1..100 that trips the breaker; 0 = off"`
-	BreakerMinSamples int           `envconfig:"BREAKER_MIN_SAMPLES" default:"20" desc:"no trip below this many outcomes in the window"`
-	BreakerWindow     int           `envconfig:"BREAKER_WINDOW" default:"100" desc:"the breaker judges the last N outcomes"`
-	BreakerCoolOff    time.Duration `envconfig:"BREAKER_COOLOFF" default:"5s" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT"`
-	MetricsAddr       string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address; off disables it"`
-	MaxInflight       int           `envconfig:"MAX_INFLIGHT" default:"1000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
-	TCPMaxConns       int           `envconfig:"TCP_MAX_CONNS" default:"1000" desc:"client TCP connections open at once; beyond it a new one is closed"`
-	TCPIdleTimeout    time.Duration `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" desc:"a client TCP connection that delivers no whole query for this long is closed"`
+	Listen            string        `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address; port 0 takes a free port"`
+	Upstream          string        `envconfig:"UPSTREAM" desc:"upstream resolver host:port, port 1..65535; unset: the first nameserver of /etc/resolv.conf, port 53"`
+	UpstreamTimeout   time.Duration `envconfig:"UPSTREAM_TIMEOUT" default:"2s" min:"10ms" max:"30s" desc:"deadline of one upstream exchange, TCP retry included"`
+	RateLimit         RateLimit     `envconfig:"RATE_LIMIT" default:"off" desc:"entry gate: rate or rate,burst in queries per second, rate 0.001..100000000, burst 1..100000000 (without one: the rate rounded up); off"`
+	BreakerThreshold  int           `envconfig:"BREAKER_THRESHOLD" default:"0" min:"0" max:"100" desc:"forward gate: failure percentage that trips the breaker; 0 = off"`
+	BreakerMinSamples int           `envconfig:"BREAKER_MIN_SAMPLES" default:"20" min:"1" max:"100000" desc:"no trip below this many outcomes in the window; at most DNS_BREAKER_WINDOW (unset: 20, or the window if smaller)"`
+	BreakerWindow     int           `envconfig:"BREAKER_WINDOW" default:"100" min:"1" max:"100000" desc:"the breaker judges the last N outcomes"`
+	BreakerCoolOff    time.Duration `envconfig:"BREAKER_COOLOFF" default:"5s" min:"10ms" max:"1h" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT while the breaker is on"`
+	MetricsAddr       string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address, never DNS_LISTEN's TCP port; port 0 takes a free port; off disables it"`
+	MaxInflight       int           `envconfig:"MAX_INFLIGHT" default:"1000" min:"0" max:"100000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
+	TCPMaxConns       int           `envconfig:"TCP_MAX_CONNS" default:"1000" min:"1" max:"100000" desc:"client TCP connections open at once; beyond it a new one is closed"`
+	TCPIdleTimeout    time.Duration `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" min:"1s" max:"1h" desc:"a client TCP connection that delivers no whole query for this long is closed"`
+	MaxUDPSize        int           `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
+	Upstream0x20      bool          `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
 }
 
-// RateLimit is DNS_RATE_LIMIT: "rate" or "rate,burst". The zero value is off.
+// Variables whose rules involve another, named in their errors.
+const (
+	keyListen          = "DNS_LISTEN"
+	keyUpstream        = "DNS_UPSTREAM"
+	keyUpstreamTimeout = "DNS_UPSTREAM_TIMEOUT"
+	keyMinSamples      = "DNS_BREAKER_MIN_SAMPLES"
+	keyCoolOff         = "DNS_BREAKER_COOLOFF"
+	keyMetricsAddr     = "DNS_METRICS_ADDR"
+)
+
+// The entry gate's bounds. Below minRate a drained bucket takes over a
+// quarter of an hour to earn one query back; maxRate is more queries per
+// second than one machine receives, and maxBurst matches it.
+const (
+	minRate  = 0.001
+	maxRate  = 1e8
+	maxBurst = 100_000_000
+)
+
+// resolveTimeout bounds the start-up lookup of a host name.
+const resolveTimeout = 10 * time.Second
+
+// RateLimit is DNS_RATE_LIMIT: "rate" or "rate,burst", or "off". The zero
+// value is off.
 type RateLimit struct {
 	Rate  float64
 	Burst int
@@ -40,26 +69,30 @@ type RateLimit struct {
 // On reports whether the entry gate is configured.
 func (r RateLimit) On() bool { return r.Rate > 0 }
 
-// Decode parses "rate" or "rate,burst" for envconfig.
+// What DNS_RATE_LIMIT's two parts expect.
+var (
+	errRate  = fmt.Errorf("rate must be a number of queries per second from %s to %s, or off", formatRate(minRate), formatRate(maxRate))
+	errBurst = fmt.Errorf("burst must be an integer from 1 to %d", maxBurst)
+)
+
+// Decode parses "rate", "rate,burst", "off" (any case) or nothing (off).
 func (r *RateLimit) Decode(s string) error {
 	s = strings.TrimSpace(s)
-	if s == "" {
+	if s == "" || strings.EqualFold(s, "off") {
 		*r = RateLimit{}
 		return nil
 	}
 	rateText, burstText, hasBurst := strings.Cut(s, ",")
 	rate, err := strconv.ParseFloat(strings.TrimSpace(rateText), 64)
-	if err != nil || !(rate > 0) || math.IsInf(rate, 0) {
-		return errors.New("rate must be a positive number of queries per second")
+	if err != nil || !(rate >= minRate && rate <= maxRate) { // NaN fails both
+		return errRate
 	}
 	burst := int(math.Ceil(rate))
 	if hasBurst {
 		burst, err = strconv.Atoi(strings.TrimSpace(burstText))
-		if err != nil || burst < 1 {
-			return errors.New("burst must be a positive integer")
+		if err != nil || burst < 1 || burst > maxBurst {
+			return errBurst
 		}
-	} else if rate > math.MaxInt32 {
-		burst = math.MaxInt32
 	}
 	*r = RateLimit{Rate: rate, Burst: burst}
 	return nil
@@ -70,93 +103,97 @@ func (r RateLimit) String() string {
 	if !r.On() {
 		return "off"
 	}
-	return strconv.FormatFloat(r.Rate, 'f', -1, 64) + "," + strconv.Itoa(r.Burst)
+	return formatRate(r.Rate) + "," + strconv.Itoa(r.Burst)
 }
 
-// loadConfig reads and validates the environment. Its error is one line that
-// names the variable, the value and what is expected.
+func formatRate(rate float64) string { return strconv.FormatFloat(rate, 'f', -1, 64) }
+
+// resolver looks host names up; *net.Resolver is one.
+type resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// loadConfig reads and validates the environment, resolving host names
+// through the system once. Its error is one line that names the variable,
+// the value and what is expected.
 func loadConfig() (Config, error) {
+	return readConfig(os.LookupEnv, net.DefaultResolver)
+}
+
+// readConfig is loadConfig with the environment and the resolver given.
+func readConfig(lookup func(string) (string, bool), r resolver) (Config, error) {
 	var cfg Config
-	if err := envconfig.Process("dns", &cfg); err != nil {
-		var pe *envconfig.ParseError
-		if errors.As(err, &pe) {
-			return cfg, fmt.Errorf("%s=%q: %s", pe.KeyName, pe.Value, expectation(pe))
-		}
+	given, err := readEnv(&cfg, lookup)
+	if err != nil {
 		return cfg, err
 	}
 	if cfg.Upstream == "" {
 		up, err := systemResolver("/etc/resolv.conf")
 		if err != nil {
-			return cfg, fmt.Errorf("DNS_UPSTREAM is not set and %v", err)
+			return cfg, fmt.Errorf("%s is not set and %v", keyUpstream, err)
 		}
 		cfg.Upstream = up
 	}
-	return cfg, cfg.validate()
+	if err := cfg.settleAddresses(given, r); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.checkBreaker(given)
 }
 
-// expectation says what a variable that failed to parse should hold.
-func expectation(pe *envconfig.ParseError) string {
-	switch pe.TypeName {
-	case "time.Duration":
-		return "must be a duration such as 2s or 500ms"
-	case "int":
-		return "must be an integer"
-	}
-	return pe.Err.Error() // our own types say it themselves
-}
-
-func (c Config) validate() error {
-	bad := func(key string, value any, want string) error {
-		return fmt.Errorf("DNS_%s=%q: %s", key, fmt.Sprint(value), want)
-	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil {
-		return bad("LISTEN", c.Listen, "must be an IP address and port such as 127.0.0.1:5398")
-	}
-	if err := checkHostPort(c.Upstream); err != nil {
-		return bad("UPSTREAM", c.Upstream, "must be host:port such as 127.0.0.1:53")
-	}
-	if c.UpstreamTimeout <= 0 {
-		return bad("UPSTREAM_TIMEOUT", c.UpstreamTimeout, "must be a positive duration")
-	}
-	if c.BreakerThreshold < 0 || c.BreakerThreshold > 100 {
-		return bad("BREAKER_THRESHOLD", c.BreakerThreshold, "must be a percentage 1..100, or 0 for off")
-	}
-	if c.BreakerWindow < 1 {
-		return bad("BREAKER_WINDOW", c.BreakerWindow, "must be a positive integer")
-	}
-	if c.BreakerMinSamples < 1 || c.BreakerMinSamples > c.BreakerWindow {
-		return bad("BREAKER_MIN_SAMPLES", c.BreakerMinSamples, fmt.Sprintf("must be 1..%d (DNS_BREAKER_WINDOW)", c.BreakerWindow))
-	}
-	if c.BreakerCoolOff <= c.UpstreamTimeout {
-		return bad("BREAKER_COOLOFF", c.BreakerCoolOff, fmt.Sprintf("must exceed DNS_UPSTREAM_TIMEOUT (%v)", c.UpstreamTimeout))
-	}
-	if c.MaxInflight < 0 {
-		return bad("MAX_INFLIGHT", c.MaxInflight, "must be 0 (unlimited) or a positive integer")
-	}
-	if c.TCPMaxConns < 1 {
-		return bad("TCP_MAX_CONNS", c.TCPMaxConns, "must be a positive integer")
-	}
-	if c.TCPIdleTimeout <= 0 {
-		return bad("TCP_IDLE_TIMEOUT", c.TCPIdleTimeout, "must be a positive duration")
-	}
-	if c.MetricsAddr != "off" && checkHostPort(c.MetricsAddr) != nil {
-		return bad("METRICS_ADDR", c.MetricsAddr, "must be host:port such as 127.0.0.1:9398, or off")
-	}
-	return nil
-}
-
-func checkHostPort(s string) error {
-	host, port, err := net.SplitHostPort(s)
+// settleAddresses holds every address variable to one rule (see usage) and
+// replaces each host name by the address it resolves to, so that nothing
+// is looked up after start-up. Two listeners on one TCP port, and an
+// upstream that is the proxy itself, are refused here rather than failing
+// later.
+func (c *Config) settleAddresses(given envText, r resolver) error {
+	listen, err := resolveAddr(c.Listen, true, r)
 	if err != nil {
-		return err
+		return addrError(keyListen, given.or(keyListen, c.Listen), "host:port such as 127.0.0.1:5398, port 0..65535 (0: any free port)", err)
 	}
-	if host == "" {
-		return errors.New("no host")
+	up, err := resolveAddr(c.Upstream, false, r)
+	if err != nil {
+		return addrError(keyUpstream, given.or(keyUpstream, c.Upstream), "host:port such as 127.0.0.1:53, port 1..65535", err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return errors.New("bad port")
+	if loops(listen, up) {
+		return fmt.Errorf("%s=%q: must not be %s (%v): every query would come back to dnsproxi", keyUpstream, given.or(keyUpstream, c.Upstream), keyListen, listen)
 	}
+	c.Listen, c.Upstream = listen.String(), up.String()
+	if strings.EqualFold(c.MetricsAddr, "off") {
+		c.MetricsAddr = "off"
+		return nil
+	}
+	metrics, err := resolveAddr(c.MetricsAddr, true, r)
+	if err != nil {
+		return addrError(keyMetricsAddr, given.or(keyMetricsAddr, c.MetricsAddr), "host:port such as 127.0.0.1:9398, port 0..65535 (0: any free port), or off", err)
+	}
+	if sharePort(listen, metrics) {
+		return fmt.Errorf("%s=%q: must differ from %s (%v): both take TCP port %d", keyMetricsAddr, given.or(keyMetricsAddr, c.MetricsAddr), keyListen, listen, listen.Port())
+	}
+	c.MetricsAddr = metrics.String()
 	return nil
+}
+
+// checkBreaker applies the rules that tie the breaker's variables together,
+// only when the breaker is on. A rule broken by a default names the
+// variable the operator did set.
+func (c *Config) checkBreaker(given envText) error {
+	if _, ok := given[keyMinSamples]; !ok {
+		c.BreakerMinSamples = min(c.BreakerMinSamples, c.BreakerWindow)
+	}
+	if c.BreakerThreshold == 0 {
+		return nil
+	}
+	if c.BreakerMinSamples > c.BreakerWindow {
+		return fmt.Errorf("%s=%q: must not exceed DNS_BREAKER_WINDOW (%d) while the breaker is on", keyMinSamples, given[keyMinSamples], c.BreakerWindow)
+	}
+	if c.BreakerCoolOff > c.UpstreamTimeout {
+		return nil
+	}
+	_, coolOffSet := given[keyCoolOff]
+	if _, timeoutSet := given[keyUpstreamTimeout]; timeoutSet && !coolOffSet {
+		return fmt.Errorf("%s=%q: must be shorter than %s (%v, its default) while the breaker is on", keyUpstreamTimeout, given[keyUpstreamTimeout], keyCoolOff, c.BreakerCoolOff)
+	}
+	return fmt.Errorf("%s=%q: must exceed %s (%v) while the breaker is on", keyCoolOff, given.or(keyCoolOff, c.BreakerCoolOff.String()), keyUpstreamTimeout, c.UpstreamTimeout)
 }
 
 // systemResolver returns the first nameserver of resolv.conf, port 53.
@@ -171,14 +208,33 @@ func systemResolver(path string) (string, error) {
 	return net.JoinHostPort(cc.Servers[0], "53"), nil
 }
 
+// usageRules is -h's header: how every variable is read.
+const usageRules = `Every variable:
+  unset, empty or only spaces   its default applies
+  spaces around a value         ignored
+  keywords                      any case: off, on, true, false, localhost, and duration units (2S = 2s)
+  on/off switches               on or off; also true/false, 1/0
+  durations                     a number and a unit: 500ms, 2s, 1m
+  numbers                       within the range listed
+  addresses                     host:port; the host is an IP address, localhost (127.0.0.1, never
+                                looked up) or a name, resolved once at start-up (its first address,
+                                IPv4 first); listeners may take port 0 (any free port)
+  A value out of its rule, or two variables that contradict each other, stop start-up with one
+  line naming the variable, the value and what is expected, and exit code 2.
+`
+
 // usage is what dnsproxi -h prints.
 func usage() string {
 	var b strings.Builder
 	b.WriteString("dnsproxi: a DNS forwarding proxy with a rate limit and a circuit breaker.\n\n")
 	b.WriteString("Usage: dnsproxi   (configured only through the environment)\n\n")
-	b.WriteString("Variables:\n")
+	b.WriteString(usageRules)
+	b.WriteString("\nVariables:\n")
 	tw := tabwriter.NewWriter(&b, 1, 0, 3, ' ', 0)
-	_ = envconfig.Usagef("dns", &Config{}, tw, "{{range .}}  {{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}")
+	_ = envconfig.Usagef("dns", &Config{}, tw, "  VARIABLE\tDEFAULT\tRANGE\tMEANING\n"+
+		`{{range .}}  {{usage_key .}}`+"\t"+`{{or (usage_default .) "-"}}`+"\t"+
+		`{{if .Tags.Get "max"}}{{.Tags.Get "min"}}..{{.Tags.Get "max"}}{{else}}-{{end}}`+"\t"+
+		"{{usage_description .}}\n{{end}}")
 	tw.Flush()
 	return b.String()
 }

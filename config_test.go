@@ -5,6 +5,8 @@ import (
 	"context"
 	"maps"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,7 @@ import (
 // allVars are every variable loadConfig reads; each test starts from none set.
 var allVars = []string{"DNS_LISTEN", "DNS_UPSTREAM", "DNS_UPSTREAM_TIMEOUT", "DNS_RATE_LIMIT",
 	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR",
-	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT"}
+	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT", "DNS_MAX_UDP_SIZE", "DNS_UPSTREAM_0X20"}
 
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -35,7 +37,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	want := Config{
 		Listen: "127.0.0.1:5398", Upstream: "127.0.0.1:5300", UpstreamTimeout: 2 * time.Second,
 		BreakerMinSamples: 20, BreakerWindow: 100, BreakerCoolOff: 5 * time.Second, MetricsAddr: "127.0.0.1:9398",
-		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second,
+		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second, MaxUDPSize: 1232, Upstream0x20: true,
 	}
 	if cfg != want {
 		t.Fatalf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -71,6 +73,22 @@ func TestLoadConfigGood(t *testing.T) {
 			return c.TCPMaxConns == 10 && c.TCPIdleTimeout == 2*time.Second
 		}},
 		{map[string]string{"DNS_UPSTREAM": "[::1]:53"}, func(c Config) bool { return c.Upstream == "[::1]:53" }},
+		// every bound is inclusive
+		{map[string]string{"DNS_RATE_LIMIT": "0.001"}, func(c Config) bool { return c.RateLimit == RateLimit{0.001, 1} }},
+		{map[string]string{"DNS_RATE_LIMIT": "1e8"}, func(c Config) bool { return c.RateLimit == RateLimit{1e8, 1e8} }},
+		{map[string]string{"DNS_RATE_LIMIT": "1,100000000"}, func(c Config) bool { return c.RateLimit == RateLimit{1, 1e8} }},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_WINDOW": "100000", "DNS_BREAKER_MIN_SAMPLES": "100000"}, func(c Config) bool {
+			return c.BreakerWindow == 100000 && c.BreakerMinSamples == 100000
+		}},
+		{map[string]string{"DNS_MAX_INFLIGHT": "100000", "DNS_TCP_MAX_CONNS": "100000"}, func(c Config) bool {
+			return c.MaxInflight == 100000 && c.TCPMaxConns == 100000
+		}},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "10ms", "DNS_TCP_IDLE_TIMEOUT": "1s", "DNS_BREAKER_COOLOFF": "10ms"}, func(c Config) bool {
+			return c.UpstreamTimeout == 10*time.Millisecond && c.TCPIdleTimeout == time.Second && c.BreakerCoolOff == 10*time.Millisecond
+		}},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "30s", "DNS_TCP_IDLE_TIMEOUT": "1h", "DNS_BREAKER_COOLOFF": "1h", "DNS_BREAKER_THRESHOLD": "100"}, func(c Config) bool {
+			return c.UpstreamTimeout == 30*time.Second && c.TCPIdleTimeout == time.Hour && c.BreakerCoolOff == time.Hour
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(envString(tt.env), func(t *testing.T) {
@@ -87,35 +105,43 @@ func TestLoadConfigGood(t *testing.T) {
 }
 
 func TestLoadConfigBad(t *testing.T) {
+	const (
+		rate     = "rate must be a number of queries per second from 0.001 to 100000000, or off"
+		burst    = "burst must be an integer from 1 to 100000000"
+		timeout  = "must be a duration from 10ms to 30s, such as 500ms or 2s"
+		coolOff  = "must be a duration from 10ms to 1h, such as 500ms or 2s"
+		idle     = "must be a duration from 1s to 1h, such as 500ms or 2s"
+		listen   = "must be host:port such as 127.0.0.1:5398, port 0..65535 (0: any free port)"
+		upstream = "must be host:port such as 127.0.0.1:53, port 1..65535"
+		metrics  = "must be host:port such as 127.0.0.1:9398, port 0..65535 (0: any free port), or off"
+	)
 	tests := []struct {
 		env  map[string]string
 		want string // the whole one-line error
 	}{
-		{map[string]string{"DNS_RATE_LIMIT": "5,x"}, `DNS_RATE_LIMIT="5,x": burst must be a positive integer`},
-		{map[string]string{"DNS_RATE_LIMIT": "5,0"}, `DNS_RATE_LIMIT="5,0": burst must be a positive integer`},
-		{map[string]string{"DNS_RATE_LIMIT": "0"}, `DNS_RATE_LIMIT="0": rate must be a positive number of queries per second`},
-		{map[string]string{"DNS_RATE_LIMIT": "-3,2"}, `DNS_RATE_LIMIT="-3,2": rate must be a positive number of queries per second`},
-		{map[string]string{"DNS_RATE_LIMIT": "fast"}, `DNS_RATE_LIMIT="fast": rate must be a positive number of queries per second`},
-		{map[string]string{"DNS_RATE_LIMIT": "NaN"}, `DNS_RATE_LIMIT="NaN": rate must be a positive number of queries per second`},
-		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "2"}, `DNS_UPSTREAM_TIMEOUT="2": must be a duration such as 2s or 500ms`},
-		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "-1s"}, `DNS_UPSTREAM_TIMEOUT="-1s": must be a positive duration`},
-		{map[string]string{"DNS_BREAKER_THRESHOLD": "half"}, `DNS_BREAKER_THRESHOLD="half": must be an integer`},
-		{map[string]string{"DNS_BREAKER_THRESHOLD": "101"}, `DNS_BREAKER_THRESHOLD="101": must be a percentage 1..100, or 0 for off`},
-		{map[string]string{"DNS_BREAKER_THRESHOLD": "-5"}, `DNS_BREAKER_THRESHOLD="-5": must be a percentage 1..100, or 0 for off`},
-		{map[string]string{"DNS_BREAKER_WINDOW": "0"}, `DNS_BREAKER_WINDOW="0": must be a positive integer`},
-		{map[string]string{"DNS_BREAKER_MIN_SAMPLES": "200"}, `DNS_BREAKER_MIN_SAMPLES="200": must be 1..100 (DNS_BREAKER_WINDOW)`},
-		{map[string]string{"DNS_BREAKER_MIN_SAMPLES": "0"}, `DNS_BREAKER_MIN_SAMPLES="0": must be 1..100 (DNS_BREAKER_WINDOW)`},
-		{map[string]string{"DNS_BREAKER_COOLOFF": "1s"}, `DNS_BREAKER_COOLOFF="1s": must exceed DNS_UPSTREAM_TIMEOUT (2s)`},
-		{map[string]string{"DNS_BREAKER_COOLOFF": "soon"}, `DNS_BREAKER_COOLOFF="soon": must be a duration such as 2s or 500ms`},
-		{map[string]string{"DNS_LISTEN": "localhost:53"}, `DNS_LISTEN="localhost:53": must be an IP address and port such as 127.0.0.1:5398`},
-		{map[string]string{"DNS_LISTEN": "127.0.0.1"}, `DNS_LISTEN="127.0.0.1": must be an IP address and port such as 127.0.0.1:5398`},
-		{map[string]string{"DNS_UPSTREAM": "127.0.0.1"}, `DNS_UPSTREAM="127.0.0.1": must be host:port such as 127.0.0.1:53`},
-		{map[string]string{"DNS_UPSTREAM": "127.0.0.1:99999"}, `DNS_UPSTREAM="127.0.0.1:99999": must be host:port such as 127.0.0.1:53`},
-		{map[string]string{"DNS_MAX_INFLIGHT": "-1"}, `DNS_MAX_INFLIGHT="-1": must be 0 (unlimited) or a positive integer`},
-		{map[string]string{"DNS_MAX_INFLIGHT": "lots"}, `DNS_MAX_INFLIGHT="lots": must be an integer`},
-		{map[string]string{"DNS_TCP_MAX_CONNS": "0"}, `DNS_TCP_MAX_CONNS="0": must be a positive integer`},
-		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "0s"}, `DNS_TCP_IDLE_TIMEOUT="0s": must be a positive duration`},
-		{map[string]string{"DNS_METRICS_ADDR": "9398"}, `DNS_METRICS_ADDR="9398": must be host:port such as 127.0.0.1:9398, or off`},
+		{map[string]string{"DNS_RATE_LIMIT": "5,x"}, `DNS_RATE_LIMIT="5,x": ` + burst},
+		{map[string]string{"DNS_RATE_LIMIT": "5,0"}, `DNS_RATE_LIMIT="5,0": ` + burst},
+		{map[string]string{"DNS_RATE_LIMIT": "0"}, `DNS_RATE_LIMIT="0": ` + rate},
+		{map[string]string{"DNS_RATE_LIMIT": "-3,2"}, `DNS_RATE_LIMIT="-3,2": ` + rate},
+		{map[string]string{"DNS_RATE_LIMIT": "fast"}, `DNS_RATE_LIMIT="fast": ` + rate},
+		{map[string]string{"DNS_RATE_LIMIT": "NaN"}, `DNS_RATE_LIMIT="NaN": ` + rate},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "2"}, `DNS_UPSTREAM_TIMEOUT="2": ` + timeout},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "-1s"}, `DNS_UPSTREAM_TIMEOUT="-1s": ` + timeout},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "half"}, `DNS_BREAKER_THRESHOLD="half": must be an integer from 0 to 100`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "101"}, `DNS_BREAKER_THRESHOLD="101": must be an integer from 0 to 100`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "-5"}, `DNS_BREAKER_THRESHOLD="-5": must be an integer from 0 to 100`},
+		{map[string]string{"DNS_BREAKER_WINDOW": "0"}, `DNS_BREAKER_WINDOW="0": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_MIN_SAMPLES": "0"}, `DNS_BREAKER_MIN_SAMPLES="0": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_COOLOFF": "soon"}, `DNS_BREAKER_COOLOFF="soon": ` + coolOff},
+		{map[string]string{"DNS_LISTEN": "127.0.0.1"}, `DNS_LISTEN="127.0.0.1": ` + listen},
+		{map[string]string{"DNS_UPSTREAM": "127.0.0.1"}, `DNS_UPSTREAM="127.0.0.1": ` + upstream},
+		{map[string]string{"DNS_UPSTREAM": "127.0.0.1:99999"}, `DNS_UPSTREAM="127.0.0.1:99999": ` + upstream},
+		{map[string]string{"DNS_MAX_INFLIGHT": "-1"}, `DNS_MAX_INFLIGHT="-1": must be an integer from 0 to 100000`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "lots"}, `DNS_MAX_INFLIGHT="lots": must be an integer from 0 to 100000`},
+		{map[string]string{"DNS_TCP_MAX_CONNS": "0"}, `DNS_TCP_MAX_CONNS="0": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "0s"}, `DNS_TCP_IDLE_TIMEOUT="0s": ` + idle},
+		{map[string]string{"DNS_METRICS_ADDR": "9398"}, `DNS_METRICS_ADDR="9398": ` + metrics},
+		{map[string]string{"DNS_METRICS_ADDR": "offf"}, `DNS_METRICS_ADDR="offf": ` + metrics},
 	}
 	for _, tt := range tests {
 		t.Run(envString(tt.env), func(t *testing.T) {
@@ -146,7 +172,7 @@ func TestRunHelpAndBadConfig(t *testing.T) {
 	if code := run(context.Background(), []string{"-h"}, &out, &errOut, nil); code != 0 {
 		t.Fatalf("-h exit %d", code)
 	}
-	for _, v := range allVars {
+	for _, v := range append(allVars, "unset, empty or only spaces   its default applies") {
 		if !strings.Contains(out.String(), v) {
 			t.Errorf("-h does not mention %s:\n%s", v, out.String())
 		}
@@ -156,7 +182,7 @@ func TestRunHelpAndBadConfig(t *testing.T) {
 	if code := run(context.Background(), nil, &out, &errOut, nil); code != 2 {
 		t.Fatalf("bad config exit %d, want 2", code)
 	}
-	if got := errOut.String(); got != "dnsproxi: DNS_RATE_LIMIT=\"5,x\": burst must be a positive integer\n" {
+	if got := errOut.String(); got != "dnsproxi: DNS_RATE_LIMIT=\"5,x\": burst must be an integer from 1 to 100000000\n" {
 		t.Fatalf("stderr %q, want one line naming the variable", got)
 	}
 }
@@ -175,4 +201,194 @@ func withUpstream(env map[string]string) map[string]string {
 	out := map[string]string{"DNS_UPSTREAM": "127.0.0.1:5300"}
 	maps.Copy(out, env)
 	return out
+}
+
+// wantConfigError checks that env (with a loopback DNS_UPSTREAM unless env
+// sets one) is refused with exactly the one-line error want.
+func wantConfigError(t *testing.T, env map[string]string, want string) {
+	t.Helper()
+	setEnv(t, withUpstream(env))
+	cfg, err := loadConfig()
+	if err == nil {
+		t.Fatalf("accepted as %+v\nwant error %s", cfg, want)
+	}
+	if err.Error() != want {
+		t.Fatalf("error %s\nwant  %s", err, want)
+	}
+}
+
+// Every size is bounded: a huge window, sample count, cap or rate is a
+// configuration error, not a panic or an out-of-memory death later.
+func TestConfigBoundsEverySize(t *testing.T) {
+	const huge = "9000000000000000000"
+	tests := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DNS_BREAKER_WINDOW": huge}, `DNS_BREAKER_WINDOW="` + huge + `": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_WINDOW": "1000000000000", "DNS_BREAKER_THRESHOLD": "50"}, `DNS_BREAKER_WINDOW="1000000000000": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_WINDOW": "100001"}, `DNS_BREAKER_WINDOW="100001": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_WINDOW": "9e18"}, `DNS_BREAKER_WINDOW="9e18": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_BREAKER_MIN_SAMPLES": huge, "DNS_BREAKER_WINDOW": huge}, `DNS_BREAKER_MIN_SAMPLES="` + huge + `": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "9223372036854775807"}, `DNS_MAX_INFLIGHT="9223372036854775807": must be an integer from 0 to 100000`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "100001"}, `DNS_MAX_INFLIGHT="100001": must be an integer from 0 to 100000`},
+		{map[string]string{"DNS_TCP_MAX_CONNS": "9223372036854775807"}, `DNS_TCP_MAX_CONNS="9223372036854775807": must be an integer from 1 to 100000`},
+		{map[string]string{"DNS_RATE_LIMIT": "1e300"}, `DNS_RATE_LIMIT="1e300": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_RATE_LIMIT": "100000001"}, `DNS_RATE_LIMIT="100000001": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_RATE_LIMIT": "1e-9"}, `DNS_RATE_LIMIT="1e-9": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_RATE_LIMIT": "Inf"}, `DNS_RATE_LIMIT="Inf": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_RATE_LIMIT": "5,1000000000"}, `DNS_RATE_LIMIT="5,1000000000": burst must be an integer from 1 to 100000000`},
+		{map[string]string{"DNS_MAX_UDP_SIZE": "511"}, `DNS_MAX_UDP_SIZE="511": must be an integer from 512 to 4096`},
+		{map[string]string{"DNS_MAX_UDP_SIZE": "4097"}, `DNS_MAX_UDP_SIZE="4097": must be an integer from 512 to 4096`},
+		{map[string]string{"DNS_MAX_UDP_SIZE": "big"}, `DNS_MAX_UDP_SIZE="big": must be an integer from 512 to 4096`},
+	}
+	for _, tt := range tests {
+		t.Run(envString(tt.env), func(t *testing.T) { wantConfigError(t, tt.env, tt.want) })
+	}
+}
+
+// A duration that would make every query fail (1ns) or hang a client for an
+// hour is refused with its range.
+func TestConfigDurationBounds(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "1ns"}, `DNS_UPSTREAM_TIMEOUT="1ns": must be a duration from 10ms to 30s, such as 500ms or 2s`},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "31s"}, `DNS_UPSTREAM_TIMEOUT="31s": must be a duration from 10ms to 30s, such as 500ms or 2s`},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "2"}, `DNS_UPSTREAM_TIMEOUT="2": must be a duration from 10ms to 30s, such as 500ms or 2s`},
+		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "1ns"}, `DNS_TCP_IDLE_TIMEOUT="1ns": must be a duration from 1s to 1h, such as 500ms or 2s`},
+		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "2h"}, `DNS_TCP_IDLE_TIMEOUT="2h": must be a duration from 1s to 1h, such as 500ms or 2s`},
+		{map[string]string{"DNS_BREAKER_COOLOFF": "2h"}, `DNS_BREAKER_COOLOFF="2h": must be a duration from 10ms to 1h, such as 500ms or 2s`},
+	}
+	for _, tt := range tests {
+		t.Run(envString(tt.env), func(t *testing.T) { wantConfigError(t, tt.env, tt.want) })
+	}
+}
+
+// The breaker's rules bind only when the breaker is on, and a rule broken by
+// a default blames the variable the operator set.
+func TestConfigBreakerRulesOnlyWhenOn(t *testing.T) {
+	t.Run("off", func(t *testing.T) {
+		setEnv(t, withUpstream(map[string]string{"DNS_UPSTREAM_TIMEOUT": "6s", "DNS_BREAKER_WINDOW": "10", "DNS_BREAKER_MIN_SAMPLES": "50"}))
+		if cfg, err := loadConfig(); err != nil || cfg.UpstreamTimeout != 6*time.Second {
+			t.Fatalf("loadConfig = %+v, %v; the breaker is off, its rules do not apply", cfg, err)
+		}
+	})
+	t.Run("window alone", func(t *testing.T) {
+		setEnv(t, withUpstream(map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_WINDOW": "10"}))
+		if cfg, err := loadConfig(); err != nil || cfg.BreakerMinSamples != 10 {
+			t.Fatalf("loadConfig = %+v, %v; unset min samples follow a smaller window", cfg, err)
+		}
+	})
+	bad := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_UPSTREAM_TIMEOUT": "6s"},
+			`DNS_UPSTREAM_TIMEOUT="6s": must be shorter than DNS_BREAKER_COOLOFF (5s, its default) while the breaker is on`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_COOLOFF": "1s"},
+			`DNS_BREAKER_COOLOFF="1s": must exceed DNS_UPSTREAM_TIMEOUT (2s) while the breaker is on`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_COOLOFF": "6s", "DNS_UPSTREAM_TIMEOUT": "6s"},
+			`DNS_BREAKER_COOLOFF="6s": must exceed DNS_UPSTREAM_TIMEOUT (6s) while the breaker is on`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_MIN_SAMPLES": "200"},
+			`DNS_BREAKER_MIN_SAMPLES="200": must not exceed DNS_BREAKER_WINDOW (100) while the breaker is on`},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_MIN_SAMPLES": "11", "DNS_BREAKER_WINDOW": "10"},
+			`DNS_BREAKER_MIN_SAMPLES="11": must not exceed DNS_BREAKER_WINDOW (10) while the breaker is on`},
+	}
+	for _, tt := range bad {
+		t.Run(envString(tt.env), func(t *testing.T) { wantConfigError(t, tt.env, tt.want) })
+	}
+}
+
+// Keywords and units ignore case; values ignore surrounding spaces.
+func TestConfigKeywordsIgnoreCase(t *testing.T) {
+	tests := []struct {
+		env   map[string]string
+		check func(Config) bool
+	}{
+		{map[string]string{"DNS_METRICS_ADDR": "OFF"}, func(c Config) bool { return c.MetricsAddr == "off" }},
+		{map[string]string{"DNS_METRICS_ADDR": " Off "}, func(c Config) bool { return c.MetricsAddr == "off" }},
+		{map[string]string{"DNS_RATE_LIMIT": "off"}, func(c Config) bool { return !c.RateLimit.On() }},
+		{map[string]string{"DNS_RATE_LIMIT": "OFF"}, func(c Config) bool { return !c.RateLimit.On() }},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "2S"}, func(c Config) bool { return c.UpstreamTimeout == 2*time.Second }},
+		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "1M"}, func(c Config) bool { return c.TCPIdleTimeout == time.Minute }},
+		{map[string]string{"DNS_BREAKER_THRESHOLD": " 50 "}, func(c Config) bool { return c.BreakerThreshold == 50 }},
+	}
+	for _, tt := range tests {
+		t.Run(envString(tt.env), func(t *testing.T) {
+			setEnv(t, withUpstream(tt.env))
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(cfg) {
+				t.Fatalf("parsed as %+v", cfg)
+			}
+		})
+	}
+}
+
+// An empty value, or one of spaces only, is the same as an unset one: the
+// default applies, for every variable.
+func TestConfigEmptyMeansDefault(t *testing.T) {
+	setEnv(t, withUpstream(nil))
+	want, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, blank := range []string{"", "  "} {
+		t.Run(strconv.Quote(blank), func(t *testing.T) {
+			env := map[string]string{}
+			for _, k := range allVars {
+				if k != "DNS_UPSTREAM" { // empty means resolv.conf; no test reads it
+					env[k] = blank
+				}
+			}
+			setEnv(t, withUpstream(env))
+			got, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("all empty\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+// The two new variables: the UDP size cap and the 0x20 switch, whose words
+// are one rule for every on/off variable.
+func TestConfigUDPSizeAnd0x20(t *testing.T) {
+	good := []struct {
+		env   map[string]string
+		check func(Config) bool
+	}{
+		{map[string]string{"DNS_MAX_UDP_SIZE": "512"}, func(c Config) bool { return c.MaxUDPSize == 512 }},
+		{map[string]string{"DNS_MAX_UDP_SIZE": "4096"}, func(c Config) bool { return c.MaxUDPSize == 4096 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "off"}, func(c Config) bool { return !c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "OFF"}, func(c Config) bool { return !c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "False"}, func(c Config) bool { return !c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "0"}, func(c Config) bool { return !c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "On"}, func(c Config) bool { return c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "TRUE"}, func(c Config) bool { return c.Upstream0x20 }},
+		{map[string]string{"DNS_UPSTREAM_0X20": "1"}, func(c Config) bool { return c.Upstream0x20 }},
+	}
+	for _, tt := range good {
+		t.Run(envString(tt.env), func(t *testing.T) {
+			setEnv(t, withUpstream(tt.env))
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(cfg) {
+				t.Fatalf("parsed as %+v", cfg)
+			}
+		})
+	}
+	for _, v := range []string{"maybe", "yes", "2", "o n"} {
+		t.Run(v, func(t *testing.T) {
+			wantConfigError(t, map[string]string{"DNS_UPSTREAM_0X20": v}, `DNS_UPSTREAM_0X20="`+v+`": must be on or off (also true/false, 1/0)`)
+		})
+	}
 }

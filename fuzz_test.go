@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -94,20 +95,24 @@ func FuzzServePacket(f *testing.F) {
 }
 
 // FuzzRateLimit: DNS_RATE_LIMIT never panics, and what it accepts is a
-// working gate that prints back to itself.
+// working gate within the documented bounds that prints back to itself.
 func FuzzRateLimit(f *testing.F) {
-	for _, s := range []string{"5", "5,5", "0.5", "1e9,1", " 3 , 4 ", "5,x", "-1", "NaN", "Inf", "1,99999999999999999999", ",", ""} {
+	for _, s := range []string{"5", "5,5", "0.5", "1e8,1", " 3 , 4 ", "5,x", "-1", "NaN", "Inf", "1e300", "0.001",
+		"1,99999999999999999999", ",", "", "off", "OFF", "0x1p-2"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		var r RateLimit
 		if err := r.Decode(s); err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("%q: error of more than one line: %v", s, err)
+			}
 			return
 		}
 		if !r.On() {
-			return // empty: off
+			return // empty or off
 		}
-		if !(r.Rate > 0) || math.IsInf(r.Rate, 0) || r.Burst < 1 {
+		if !(r.Rate >= minRate && r.Rate <= maxRate) || r.Burst < 1 || r.Burst > maxBurst {
 			t.Fatalf("%q accepted as %+v", s, r)
 		}
 		guard.NewTokenBucket(r.Rate, r.Burst, guard.RealClock{}) // must not panic
@@ -118,15 +123,30 @@ func FuzzRateLimit(f *testing.F) {
 	})
 }
 
-// FuzzConfigAddresses: address validation never panics, whatever the text.
+// FuzzConfigAddresses: the address rule never panics, never asks a resolver
+// about anything but a well-formed host name, never lets port 0 through to
+// the upstream, and what it accepts it reads back the same.
 func FuzzConfigAddresses(f *testing.F) {
-	for _, s := range []string{"127.0.0.1:53", "[::1]:53", "localhost:53", ":53", "1.2.3.4", "[::1", "a:b:c", "127.0.0.1:99999", "off", ""} {
+	for _, s := range []string{"127.0.0.1:53", "[::1]:53", "localhost:53", "LOCALHOST.:0", ":53", "1.2.3.4", "[::1",
+		"a:b:c", "127.0.0.1:99999", "off", "", "dns.example:53", "a..b:53", "[fe80::1%eth0]:53", "127.0.0.1:+53"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		cfg := testConfig("127.0.0.1:53")
-		cfg.Listen, cfg.Upstream, cfg.MetricsAddr = s, s, s
-		_ = cfg.validate()
-		_ = checkHostPort(s)
+		for _, anyPort := range []bool{false, true} {
+			r := &fakeResolver{t: t}
+			ap, err := resolveAddr(s, anyPort, r)
+			if err != nil {
+				if msg := addrError("DNS_X", s, "host:port", err).Error(); strings.Contains(msg, "\n") {
+					t.Fatalf("%q: error of more than one line: %s", s, msg)
+				}
+				continue
+			}
+			if !ap.IsValid() || (!anyPort && ap.Port() == 0) {
+				t.Fatalf("%q (any port %v) accepted as %v", s, anyPort, ap)
+			}
+			if again, err := resolveAddr(ap.String(), anyPort, r); err != nil || again != ap {
+				t.Fatalf("%q → %v → %v, %v", s, ap, again, err)
+			}
+		}
 	})
 }

@@ -2,7 +2,8 @@
 // bucket that refuses traffic beyond a rate (DNS_RATE_LIMIT) and a circuit
 // breaker that stops sending to an upstream that keeps failing
 // (DNS_BREAKER_THRESHOLD). Both are off by default. Run dnsproxi -h for the
-// variables.
+// variables. SIGINT or SIGTERM stops it once the queries in flight are
+// answered; SIGHUP is logged and changes nothing.
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -33,6 +35,11 @@ func main() {
 // run is main without the process around it: it returns the exit code, and
 // calls ready (if set) with the running app once it is listening.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(*app)) int {
+	// SIGHUP, whose default is to end the process, is taken from the start.
+	hangup := make(chan os.Signal, 1)
+	signal.Notify(hangup, syscall.SIGHUP)
+	defer signal.Stop(hangup)
+
 	for _, a := range args {
 		switch a {
 		case "-h", "-help", "--help":
@@ -61,11 +68,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
-		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout, "metrics", a.metricsURL())
+		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
+		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL())
 	if ready != nil {
 		ready(a)
 	}
-	<-ctx.Done()
+serving:
+	for {
+		select {
+		case <-ctx.Done():
+			break serving
+		case <-hangup:
+			a.reopen()
+		}
+	}
 	log.Info("shutting down: finishing the queries in flight")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
 	defer cancel()
@@ -128,8 +144,11 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 // query the cap lets through to the upstream, plus as many again being
 // answered at once. With the cap off, a fixed safety bound remains.
 func maxPending(maxInflight int) int {
-	if maxInflight == 0 {
+	switch {
+	case maxInflight == 0:
 		return unlimitedPending
+	case maxInflight > (math.MaxInt-1024)/2:
+		return math.MaxInt // configuration bounds the cap far below; never wrap
 	}
 	return 2*maxInflight + 1024
 }
@@ -177,6 +196,12 @@ func (a *app) start() error {
 		return fmt.Errorf("DNS_LISTEN=%q: %v", a.cfg.Listen, err)
 	}
 	return nil
+}
+
+// reopen is what SIGHUP asks for: files reopened after a log rotation.
+// None is open yet, so the proxy says so and goes on serving.
+func (a *app) reopen() {
+	a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
 }
 
 // metricsURL is where /metrics is served, or "off".

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"maps"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -154,5 +156,96 @@ func TestBreakerStateGaugeEncoding(t *testing.T) {
 		if int(s) >= len(metrics.States) || metrics.States[int(s)] != s.String() {
 			t.Errorf("guard.State %v = %d, but metrics.States says %v", s, int(s), metrics.States)
 		}
+	}
+}
+
+// Every configuration error stops run before anything is bound: exit 2 and
+// one line on stderr naming the variable. The context is already cancelled,
+// so a configuration wrongly accepted makes run return 0 at once.
+func TestRunConfigErrorExit2(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DNS_UPSTREAM": "a..b:53"}, `DNS_UPSTREAM="a..b:53": must be host:port such as 127.0.0.1:53, port 1..65535`},
+		{map[string]string{"DNS_UPSTREAM_TIMEOUT": "1ns"}, `DNS_UPSTREAM_TIMEOUT="1ns": must be a duration from 10ms to 30s, such as 500ms or 2s`},
+		{map[string]string{"DNS_RATE_LIMIT": "1e300"}, `DNS_RATE_LIMIT="1e300": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_MAX_INFLIGHT": "9223372036854775807"}, `DNS_MAX_INFLIGHT="9223372036854775807": must be an integer from 0 to 100000`},
+		{map[string]string{"DNS_MAX_UDP_SIZE": "511"}, `DNS_MAX_UDP_SIZE="511": must be an integer from 512 to 4096`},
+		{map[string]string{"DNS_UPSTREAM_0X20": "maybe"}, `DNS_UPSTREAM_0X20="maybe": must be on or off (also true/false, 1/0)`},
+		{map[string]string{"DNS_LISTEN": "127.0.0.1:5398", "DNS_METRICS_ADDR": "127.0.0.1:5398"},
+			`DNS_METRICS_ADDR="127.0.0.1:5398": must differ from DNS_LISTEN (127.0.0.1:5398): both take TCP port 5398`},
+	}
+	for _, tt := range tests {
+		t.Run(envString(tt.env), func(t *testing.T) {
+			env := map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off", "DNS_UPSTREAM": "127.0.0.1:5300"}
+			maps.Copy(env, tt.env)
+			setEnv(t, env)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			var stdout, stderr syncBuffer
+			if code := run(ctx, nil, &stdout, &stderr, nil); code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if got, want := stderr.String(), "dnsproxi: "+tt.want+"\n"; got != want {
+				t.Errorf("stderr %q\nwant   %q", got, want)
+			}
+		})
+	}
+}
+
+// maxPending never overflows, whatever cap it is given.
+func TestMaxPendingNeverOverflows(t *testing.T) {
+	for _, inflight := range []int{0, 1, 1000, 100000, math.MaxInt / 2, math.MaxInt - 1, math.MaxInt} {
+		got := maxPending(inflight)
+		if got < 1 || (inflight > 0 && got < inflight) {
+			t.Errorf("maxPending(%d) = %d: below the cap it must hold", inflight, got)
+		}
+	}
+}
+
+// SIGHUP does not stop the proxy: it logs that there is nothing to reload
+// and goes on answering; run still stops cleanly afterwards.
+func TestRunSIGHUPKeepsServing(t *testing.T) {
+	up := startUpstream(t)
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan *app, 1)
+	exit := make(chan int, 1)
+	var logs syncBuffer
+	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(a *app) { ready <- a }) }()
+	var a *app
+	select {
+	case a = <-ready:
+	case code := <-exit:
+		t.Fatalf("run exited %d before listening: %s", code, logs.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not start listening")
+	}
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP to be logged", func() bool { return strings.Contains(logs.String(), "SIGHUP") })
+	select {
+	case code := <-exit:
+		t.Fatalf("run exited %d on SIGHUP: %s", code, logs.String())
+	default:
+	}
+	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("after SIGHUP: %s", rcodeName(r))
+	}
+	ask(t, "tcp", a.addr(), query("www.example.com", dns.TypeA))
+
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("run did not return after its context ended")
 	}
 }
