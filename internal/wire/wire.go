@@ -72,18 +72,22 @@ func QuestionEnd(pkt []byte) (int, bool) {
 func QType(pkt []byte, qend int) uint16 { return binary.BigEndian.Uint16(pkt[qend-4:]) }
 
 // EqualQuestion reports whether a and b hold the same question, comparing
-// names without regard to ASCII case (some resolvers change it).
+// the name's letters without regard to ASCII case (some resolvers change
+// it) and the type and class, its last four bytes, exactly: type HTTPS (65,
+// an 'A' as a byte) is not type 97. A label's length byte (at most 63) is
+// never a letter, so folding the whole name is folding its letters only.
 func EqualQuestion(a, b []byte) bool {
 	if len(a) != len(b) {
 		return false
 	}
-	for i := range a {
+	name := max(len(a)-4, 0)
+	for i := range a[:name] {
 		x, y := a[i], b[i]
 		if x != y && lower(x) != lower(y) {
 			return false
 		}
 	}
-	return true
+	return string(a[name:]) == string(b[name:])
 }
 
 func lower(c byte) byte {
