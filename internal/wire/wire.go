@@ -1,7 +1,8 @@
 // Package wire reads and writes the few parts of a DNS message that the
-// proxy's fast path needs — the header, the question, the EDNS buffer size —
-// straight from the packet, without unpacking the whole message. Anything
-// it does not recognise is left to github.com/miekg/dns.
+// proxy's fast path needs — the header, the question, where the records lie,
+// the OPT record — straight from the packet, without unpacking the whole
+// message, and keys a query by what its answer depends on (Key). It imports
+// nothing of the proxy's, so a cache may use it too.
 package wire
 
 import "encoding/binary"
@@ -12,9 +13,12 @@ const HeaderLen = 12
 // Header flag bits (RFC 1035 §4.1.1), in the 16-bit flags word.
 const (
 	FlagQR = 1 << 15
+	FlagAA = 1 << 10
 	FlagTC = 1 << 9
 	FlagRD = 1 << 8
 	FlagRA = 1 << 7
+	FlagAD = 1 << 5
+	FlagCD = 1 << 4
 )
 
 // ID returns the message ID. pkt must hold a header.
@@ -113,10 +117,10 @@ func EDNSSize(pkt []byte, off int) (int, bool) {
 }
 
 // AppendReply appends to dst an answer to the query q (whose question ends
-// at qend) with rcode and no records: q's ID, opcode and RD, QR and RA set,
-// and q's question.
+// at qend) with rcode and no records: q's ID, opcode, RD and CD, QR and RA
+// set, and q's question.
 func AppendReply(dst, q []byte, qend, rcode int) []byte {
-	flags := Flags(q)&(0xF<<11|FlagRD) | FlagQR | FlagRA | uint16(rcode&0xF)
+	flags := Flags(q)&(0xF<<11|FlagRD|FlagCD) | FlagQR | FlagRA | uint16(rcode&0xF)
 	dst = binary.BigEndian.AppendUint16(dst, ID(q))
 	dst = binary.BigEndian.AppendUint16(dst, flags)
 	qd := uint16(0)
