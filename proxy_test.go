@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/exercises/fakeupstream"
 	"dnsproxi/guard"
@@ -96,33 +97,41 @@ func TestPipelinedTCPAnswersAsTheyComplete(t *testing.T) {
 	}
 }
 
+// A UDP answer larger than the client takes — 512 without EDNS, at most
+// 1232 whatever it advertises — is TC with an empty answer section, never
+// a partial RRset; over TCP it comes whole.
 func TestTruncationToClientSize(t *testing.T) {
 	up := startUpstream(t)
 	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
 
-	wire, _ := query("big.example.com", dns.TypeTXT).Pack()
-	raw := sendRaw(t, a.addr(), wire, 3*time.Second)
-	r := new(dns.Msg)
-	if err := r.Unpack(raw); err != nil {
-		t.Fatalf("UDP answer to a client without EDNS: %v", err)
+	tests := []struct {
+		name, network string
+		edns          uint16 // 0: none
+		limit         int
+		wantTC        bool
+	}{
+		{"no EDNS", "udp", 0, 512, true},
+		{"EDNS 4096", "udp", 4096, 1232, true},
+		{"EDNS 65535", "udp", 65535, 1232, true},
+		{"TCP", "tcp", 0, 65535, false},
 	}
-	if !r.Truncated || len(r.Answer) == 0 {
-		t.Errorf("a 2 KB answer to a client without EDNS: TC=%v with %d records, want TC and what fits", r.Truncated, len(r.Answer))
-	}
-	if len(raw) > 512 {
-		t.Errorf("UDP answer is %d bytes, over the 512 a client without EDNS accepts", len(raw))
-	}
-
-	r = ask(t, "tcp", a.addr(), query("big.example.com", dns.TypeTXT))
-	if r.Truncated || len(r.Answer) != 20 {
-		t.Errorf("over TCP: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
-	}
-
-	q := query("big.example.com", dns.TypeTXT)
-	q.SetEdns0(4096, false)
-	r = ask(t, "udp", a.addr(), q)
-	if r.Truncated || len(r.Answer) != 20 {
-		t.Errorf("EDNS 4096 client: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := query("big.example.com", dns.TypeTXT)
+			if tt.edns > 0 {
+				q.SetEdns0(tt.edns, false)
+			}
+			r := ask(t, tt.network, a.addr(), q)
+			if size := r.Len(); size > tt.limit {
+				t.Errorf("a %d-byte answer, over the client's %d", size, tt.limit)
+			}
+			if tt.wantTC && (!r.Truncated || len(r.Answer) != 0) {
+				t.Errorf("TC=%v with %d records, want TC and an empty answer section", r.Truncated, len(r.Answer))
+			}
+			if !tt.wantTC && (r.Truncated || len(r.Answer) != 20) {
+				t.Errorf("TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+			}
+		})
 	}
 }
 
@@ -266,8 +275,8 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 		probe <- r
 	}()
 	waitFor(t, "the probe to reach the upstream", func() bool { return up.Total() == 5 })
-	for range 3 {
-		if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
+	for i := range 3 { // other names: the probe's own would wait for the probe's answer (coalesced)
+		if r := ask(t, "udp", a.addr(), query(fmt.Sprintf("other%d.example.com", i), dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
 			t.Fatalf("while the probe is out: %s, want SERVFAIL", rcodeName(r))
 		}
 	}
@@ -404,8 +413,16 @@ func TestInflightCapRefusesAtOnce(t *testing.T) {
 		first <- r
 	}()
 	waitFor(t, "the first query to reach the upstream", func() bool { return up.Total() == 1 })
+	// The same query joins the one at the upstream without taking a place:
+	// it adds no call.
+	follower := make(chan *dns.Msg, 1)
+	go func() {
+		r, _ := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 5*time.Second)
+		follower <- r
+	}()
+	waitFor(t, "the follower to join", func() bool { return testutil.ToFloat64(a.metrics.Coalesced) == 1 })
 	start := time.Now()
-	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	r := ask(t, "udp", a.addr(), query("other.example.com", dns.TypeA))
 	if r.Rcode != dns.RcodeRefused {
 		t.Fatalf("beyond the cap: %s, want REFUSED", rcodeName(r))
 	}
@@ -421,6 +438,9 @@ func TestInflightCapRefusesAtOnce(t *testing.T) {
 	release()
 	if r := <-first; r == nil || r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("the query within the cap: %v", r)
+	}
+	if r := <-follower; r == nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("the query that joined it: %v", r)
 	}
 	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("after the place was freed: %s", rcodeName(r))
