@@ -19,14 +19,14 @@ type Outcome int
 
 // The outcomes.
 const (
-	Forwarded     Outcome = iota // the upstream's reply was relayed
-	RateLimited                  // refused by the entry gate: dropped
-	BreakerOpen                  // refused by the forward gate: SERVFAIL at once
-	UpstreamError                // timeout, network error or no valid reply: SERVFAIL
-	Overloaded                   // too many queries in flight: REFUSED at once
-	FormErr                      // not a single question: FORMERR
-	NotImp                       // an opcode other than QUERY: NOTIMP
-	TransferRefused              // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
+	Forwarded       Outcome = iota // the upstream's reply was relayed
+	RateLimited                    // refused by the entry gate: dropped
+	BreakerOpen                    // refused by the forward gate: SERVFAIL at once
+	UpstreamError                  // timeout, network error or no valid reply: SERVFAIL
+	Overloaded                     // too many queries in flight: REFUSED at once
+	FormErr                        // not a single question: FORMERR
+	NotImp                         // an opcode other than QUERY: NOTIMP
+	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
 	numOutcomes
 )
 
