@@ -92,15 +92,20 @@ func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
 // upstream truncated over UDP, is sent as TC with empty sections: never a
 // partial RRset, never an RRSIG cut from its set.
 func (ua *upstreamAnswer) appendFor(dst []byte, wt *waiter, maxUDP int) []byte {
-	flags, ext := ua.flags, ua.ext
+	// The upstream's AA, TC, RA, AD and RCODE; QR, opcode QUERY, and the
+	// client's own RD and CD (RFC 1035 §4.1.1, RFC 4035 §3.2.2).
+	const fromUpstream = wire.FlagAA | wire.FlagTC | wire.FlagRA | wire.FlagAD | 0xF
+	flags := ua.flags&fromUpstream | wire.FlagQR | wt.flags&(wire.FlagRD|wire.FlagCD)
+	ext := ua.ext
 	if wt.flags&wire.FlagAD == 0 && !wt.do {
 		flags &^= wire.FlagAD // RFC 6840 §5.8: AD only for a client that asked with AD or DO
 	}
-	if !wt.edns && ext != 0 {
-		flags, ext = flags&^0xF|dns.RcodeServerFailure, 0 // an RCODE above 15 cannot be said without OPT
-	}
 	start := len(dst)
-	if flags&wire.FlagTC == 0 || wt.size == dns.MaxMsgSize {
+	switch {
+	case !wt.edns && ext != 0:
+		// An RCODE above 15 cannot be said without OPT: SERVFAIL, no records.
+		flags, ext = flags&^0xF|dns.RcodeServerFailure, 0
+	case flags&wire.FlagTC == 0 || wt.size == dns.MaxMsgSize:
 		dst = appendHeader(dst, wt.id, flags, ua.an, ua.ns, ua.ar, wt.edns)
 		dst = append(dst, wt.question()...)
 		dst = append(dst, ua.records...)
@@ -110,10 +115,11 @@ func (ua *upstreamAnswer) appendFor(dst []byte, wt *waiter, maxUDP int) []byte {
 		if len(dst)-start <= wt.size {
 			return dst
 		}
+		flags |= wire.FlagTC
 	}
-	// TC, with the Extended DNS Errors if they fit.
+	// Empty sections, with the Extended DNS Errors if they fit.
 	for _, optData := range [2][]byte{ua.optData, nil} {
-		dst = appendHeader(dst[:start], wt.id, flags|wire.FlagTC, 0, 0, 0, wt.edns)
+		dst = appendHeader(dst[:start], wt.id, flags, 0, 0, 0, wt.edns)
 		dst = append(dst, wt.question()...)
 		if wt.edns {
 			dst = appendOPT(dst, maxUDP, ext, wt.do, optData)
@@ -145,7 +151,7 @@ func appendHeader(dst []byte, id, flags uint16, an, ns, ar int, opt bool) []byte
 func appendOPT(dst []byte, size, ext int, do bool, upstreamOptions []byte) []byte {
 	dst = wire.AppendOPT(dst, size, ext, do, nil)
 	rdlen := len(dst) - 2
-	dst = wire.AppendOptions(dst, upstreamOptions, wire.OptionEDE)
+	dst = wire.AppendOptions(dst, upstreamOptions, wire.OptionEDE, 2) // an EDE holds an info code at least
 	binary.BigEndian.PutUint16(dst[rdlen:], uint16(len(dst)-rdlen-2))
 	return dst
 }

@@ -216,3 +216,29 @@ func TestOversizedQueriesPayTheEntryGate(t *testing.T) {
 		t.Fatal("an oversized query reached the upstream")
 	}
 }
+
+// A flight takes at most maxFollowers followers; beyond them a query goes
+// to the upstream on its own, and every client is still answered once.
+func TestCoalescingBound(t *testing.T) {
+	fwd := &scripted{hold: true, reply: zone(nil)}
+	p, srv := unitProxy(nil, fwd)
+	var qs []*dns.Msg
+	for i := range 1 + maxFollowers + 3 {
+		q := query("www.example.com", dns.TypeA)
+		q.Id = uint16(i)
+		qs = append(qs, q)
+	}
+	ws := servedLater(t, srv, qs)
+	if got := len(fwd.sent()); got != 1+3 {
+		t.Fatalf("%d queries upstream, want 4: one flight full, then three on their own", got)
+	}
+	fwd.release()
+	for i, w := range ws {
+		if len(w.out) != 1 || binary.BigEndian.Uint16(w.out[0]) != uint16(i) {
+			t.Fatalf("client %d: %d answers", i, len(w.out))
+		}
+	}
+	if got := outcomes(p, "A", "forwarded"); got != len(qs) {
+		t.Fatalf("forwarded %d, want %d", got, len(qs))
+	}
+}

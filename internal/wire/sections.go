@@ -133,14 +133,15 @@ func readOptions(data []byte) (ecs, ok bool) {
 }
 
 // AppendOptions appends to dst every option in data (an OPT record's data,
-// as ReadSections checked it) whose code is code, whole.
-func AppendOptions(dst, data []byte, code uint16) []byte {
+// as ReadSections checked it) whose code is code and whose data holds at
+// least minData bytes, whole.
+func AppendOptions(dst, data []byte, code uint16, minData int) []byte {
 	for len(data) >= 4 {
 		l := 4 + int(binary.BigEndian.Uint16(data[2:]))
 		if l > len(data) {
 			break
 		}
-		if binary.BigEndian.Uint16(data) == code {
+		if binary.BigEndian.Uint16(data) == code && l-4 >= minData {
 			dst = append(dst, data[:l]...)
 		}
 		data = data[l:]

@@ -100,7 +100,7 @@ func TestAppendOPTAndOptions(t *testing.T) {
 	b := pack(t, m)
 	end, _ := QuestionEnd(b)
 	s, _ := ReadSections(b, end)
-	ede := AppendOptions(nil, b[s.OPTData:s.OPTEnd], OptionEDE)
+	ede := AppendOptions(nil, b[s.OPTData:s.OPTEnd], OptionEDE, 2)
 	out := AppendOPT(append([]byte(nil), b[:s.OPTStart]...), 1232, 1, true, ede)
 	SetCounts(out, 1, 0, 0, 1)
 	r := new(dns.Msg)
