@@ -54,6 +54,8 @@ func testConfig(upstream string) Config {
 		MaxInflight:       1000,
 		TCPMaxConns:       100,
 		TCPIdleTimeout:    10 * time.Second,
+		MaxUDPSize:        1232,
+		Upstream0x20:      true,
 	}
 }
 

@@ -127,7 +127,8 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), upstream: up, metrics: m}
+	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
+		upstream: up, metrics: m}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,

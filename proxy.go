@@ -19,14 +19,18 @@ type forwarder interface {
 	Forward(query []byte, network string, done upstream.Result)
 }
 
-// proxy answers queries by forwarding them through the two gates.
+// proxy answers queries by forwarding them through the two gates. Its zero
+// fields are off or take their defaults.
 type proxy struct {
 	limiter     *guard.TokenBucket // entry gate; nil: off
 	breaker     *guard.Breaker     // forward gate; nil: off
 	maxInflight int64              // cap on queries at the upstream; 0: none
+	maxUDPSize  int                // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
 	upstream    forwarder
 	metrics     *metrics.Metrics
+	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
+	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
 }
 
 // handleQuery runs one query through the entry gate and the forward gate to
@@ -35,62 +39,130 @@ type proxy struct {
 func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	start := time.Now()
 	qtype := p.metrics.QType(q.QType)
+	if q.Malformed || q.QDCount != 1 {
+		qtype = metrics.OtherRow
+	}
 
-	// 1. Entry gate: beyond the rate, drop. Every query pays, well-formed or not.
+	// 1. Entry gate: beyond the rate, drop over UDP; over TCP, whose source
+	// the handshake proved, REFUSED, or the client waits out its timeout.
+	// Every query pays, well-formed or not.
 	if p.limiter != nil && !p.limiter.Allow(1) {
-		w.Drop()
+		if q.Net == "tcp" {
+			p.own(w, q, dns.RcodeRefused)
+		} else {
+			w.Drop()
+		}
 		p.count(qtype, metrics.RateLimited, start)
 		return
 	}
-	if q.Opcode != dns.OpcodeQuery {
-		p.reply(w, q.Wire, q.QEnd, dns.RcodeNotImplemented, qtype, metrics.NotImp, start)
+	switch {
+	case q.Malformed:
+		p.refuse(w, q, dns.RcodeFormatError, qtype, metrics.FormErr, start)
 		return
-	}
-	if q.QDCount != 1 {
-		p.reply(w, q.Wire, wire.HeaderLen, dns.RcodeFormatError, metrics.OtherRow, metrics.FormErr, start)
+	case q.Opcode != dns.OpcodeQuery:
+		p.refuse(w, q, dns.RcodeNotImplemented, qtype, metrics.NotImp, start)
 		return
-	}
-	// The cap on queries at the upstream: beyond it, REFUSED at once; never
-	// queue. It comes before the forward gate so that a refusal cannot take
-	// the half-open probe's place.
-	if !p.enter() {
-		p.reply(w, q.Wire, q.QEnd, dns.RcodeRefused, qtype, metrics.Overloaded, start)
+	case q.QDCount != 1:
+		p.refuse(w, q, dns.RcodeFormatError, qtype, metrics.FormErr, start)
+		return
+	case q.EDNS.Version > 0: // RFC 6891 §6.1.3: the proxy speaks version 0
+		p.refuse(w, q, dns.RcodeBadVers, qtype, metrics.FormErr, start)
+		return
+	case q.QType == dns.TypeAXFR || q.QType == dns.TypeIXFR: // relayed over UDP they would be cut
+		p.refuse(w, q, dns.RcodeRefused, qtype, metrics.TransferRefused, start)
 		return
 	}
 
-	// 2. Forward gate: an open breaker answers SERVFAIL at once.
-	var permit guard.Permit // the zero Permit reports nowhere: the gate is off
+	// 2. Coalescing: the same query already at the upstream, and room to
+	// wait for it: wait, paying neither the cap nor the breaker (coalesce.go).
+	f, coalesce := p.newFlight(w, q, qtype, start)
+	if coalesce && p.join(f) {
+		return
+	}
+
+	// 3. The cap on queries at the upstream: beyond it, REFUSED at once;
+	// never queue. It comes before the forward gate so that a refusal cannot
+	// take the half-open probe's place.
+	if !p.enter() {
+		f.recycle()
+		p.refuse(w, q, dns.RcodeRefused, qtype, metrics.Overloaded, start)
+		return
+	}
+
+	// 4. Forward gate: an open breaker answers SERVFAIL at once.
 	if p.breaker != nil {
 		var err error
-		if permit, err = p.breaker.Acquire(); err != nil {
+		if f.permit, err = p.breaker.Acquire(); err != nil {
 			p.leave()
-			p.reply(w, q.Wire, q.QEnd, dns.RcodeServerFailure, qtype, metrics.BreakerOpen, start)
+			f.recycle()
+			p.refuse(w, q, dns.RcodeServerFailure, qtype, metrics.BreakerOpen, start)
 			return
 		}
 	}
 
-	// 3. Exchange. Whatever happens to the query (an answer, a timeout, a
-	// network error, shutdown), this runs exactly once, so every permit the
-	// breaker handed out is ended exactly once.
-	udpSize := 0
-	if q.Net == "udp" {
-		udpSize = q.UDPSize
+	// 5. Exchange, under the proxy's own OPT. Whatever happens to the query
+	// (an answer, a timeout, a network error, shutdown), f.land runs exactly
+	// once, so the breaker hears of every call it let through exactly once.
+	if coalesce {
+		p.share(f)
 	}
-	p.upstream.Forward(q.Wire, q.Net, func(query, reply []byte, err error) {
-		p.leave()
-		p.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
-		markBreaker(permit, upstream.Judge(reply, err))
-		if err != nil { // any error, a slow name's timeout too: the client gets SERVFAIL
-			qend, ok := wire.QuestionEnd(query)
-			if !ok {
-				qend = wire.HeaderLen // cannot happen for a query the server parsed; answer without a question
-			}
-			p.reply(w, query, qend, dns.RcodeServerFailure, qtype, metrics.UpstreamError, start)
-			return
+	f.query = p.appendUpstreamQuery(f.query[:0], q)
+	f.sent = time.Now()
+	p.upstream.Forward(f.query, q.Net, f.done)
+}
+
+// land is a flight's completion: it tells the breaker how the call went,
+// then answers every waiter, each with its own answer.
+func (f *flight) land(_, reply []byte, err error) {
+	p := f.p
+	p.leave()
+	p.metrics.UpstreamDuration.Observe(time.Since(f.sent).Seconds())
+	ua, ok := upstreamAnswer{}, false
+	verdict := upstream.Judge(reply, err)
+	if err == nil {
+		if ua, ok = readUpstreamAnswer(reply, f.waiters[0].question()); !ok {
+			verdict = upstream.Failure // it matched the query, but its records cannot be read: no valid reply
 		}
-		w.Write(truncate(reply, udpSize))
-		p.count(qtype, metrics.Forwarded, start)
-	})
+	}
+	markBreaker(f.permit, verdict)
+	if f.shared {
+		p.unshare(f)
+	}
+	if ok {
+		p.noteRA(ua.flags)
+	}
+	bp := getBuf()
+	b := *bp
+	for i := range f.waiters {
+		wt := &f.waiters[i]
+		if ok {
+			b = ua.appendFor(b[:0], wt, p.udpSize())
+			wt.w.Write(b)
+			p.count(wt.qtype, metrics.Forwarded, wt.start)
+			continue
+		}
+		// A failure, or a reply whose records cannot be walked: SERVFAIL.
+		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure)
+		wt.w.Write(b)
+		p.count(wt.qtype, metrics.UpstreamError, wt.start)
+	}
+	putBuf(bp, b)
+	f.recycle()
+}
+
+// appendUpstreamQuery appends the query sent upstream for q: q's question
+// (upstream randomises its case and restores it) and RD and CD, AD set to
+// learn what the upstream validated, and the proxy's own OPT record if q
+// had one — its size, q's DO, no options: cookies, NSID, padding and the
+// like belong to the client's hop. The upstream gives it a fresh ID.
+func (p *proxy) appendUpstreamQuery(dst []byte, q *dnsserver.Query) []byte {
+	flags := wire.Flags(q.Wire)&(wire.FlagRD|wire.FlagCD) | wire.FlagAD
+	dst = appendHeader(dst, wire.ID(q.Wire), flags, 0, 0, 0, q.EDNS.Present)
+	dst = append(dst, q.Wire[wire.HeaderLen:q.QEnd]...)
+	if q.EDNS.Present {
+		dst = wire.AppendOPT(dst, p.udpSize(), 0, q.EDNS.DO, nil)
+	}
+	return dst
 }
 
 // markBreaker ends the breaker's permit with what the exchange says about the
@@ -123,39 +195,22 @@ func (p *proxy) leave() {
 	p.metrics.InFlight.Dec()
 }
 
-// reply answers query (whose question ends at qend) with rcode and no
-// records, and counts the outcome.
-func (p *proxy) reply(w dnsserver.ResponseWriter, query []byte, qend, rcode int, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
-	var buf [wire.HeaderLen + 260]byte // a header and the longest question: no allocation
-	w.Write(wire.AppendReply(buf[:0], query, qend, rcode))
+// refuse answers q with the proxy's own answer, rcode, and counts outcome o.
+func (p *proxy) refuse(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
+	p.own(w, q, rcode)
 	p.count(qtype, o, start)
+}
+
+// own answers q with the proxy's own answer, rcode: its question if it was
+// read, an OPT record if it sent one.
+func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int) {
+	bp := getBuf()
+	b := p.appendOwn((*bp)[:0], wire.ID(q.Wire), wire.Flags(q.Wire), q.Wire[wire.HeaderLen:q.QEnd], q.EDNS.Present, q.EDNS.DO, rcode)
+	w.Write(b)
+	putBuf(bp, b)
 }
 
 func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
 	p.metrics.Count(qtype, o)
 	p.metrics.RequestDuration.Observe(time.Since(start).Seconds())
-}
-
-// truncate makes a UDP answer fit the client's size (0: TCP, no limit). An
-// answer that fits, nearly all of them, is returned as it is; one that does
-// not is unpacked and cut to what fits, with TC set.
-func truncate(reply []byte, size int) []byte {
-	if size == 0 || len(reply) <= size {
-		return reply
-	}
-	m := new(dns.Msg)
-	if m.Unpack(reply) == nil {
-		m.Truncate(size)
-		if b, err := m.Pack(); err == nil && len(b) <= size {
-			return b
-		}
-	}
-	// An answer that will not parse or shrink: its header and question, TC set.
-	qend, ok := wire.QuestionEnd(reply)
-	if !ok {
-		qend = wire.HeaderLen
-	}
-	b := wire.AppendReply(nil, reply, qend, int(wire.Flags(reply)&0xF))
-	wire.SetFlags(b, wire.Flags(b)|wire.FlagTC)
-	return b
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/exercises/fakeupstream"
 	"dnsproxi/guard"
@@ -96,33 +97,41 @@ func TestPipelinedTCPAnswersAsTheyComplete(t *testing.T) {
 	}
 }
 
+// A UDP answer larger than the client takes — 512 without EDNS, at most
+// 1232 whatever it advertises — is TC with an empty answer section, never
+// a partial RRset; over TCP it comes whole.
 func TestTruncationToClientSize(t *testing.T) {
 	up := startUpstream(t)
 	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
 
-	wire, _ := query("big.example.com", dns.TypeTXT).Pack()
-	raw := sendRaw(t, a.addr(), wire, 3*time.Second)
-	r := new(dns.Msg)
-	if err := r.Unpack(raw); err != nil {
-		t.Fatalf("UDP answer to a client without EDNS: %v", err)
+	tests := []struct {
+		name, network string
+		edns          uint16 // 0: none
+		limit         int
+		wantTC        bool
+	}{
+		{"no EDNS", "udp", 0, 512, true},
+		{"EDNS 4096", "udp", 4096, 1232, true},
+		{"EDNS 65535", "udp", 65535, 1232, true},
+		{"TCP", "tcp", 0, 65535, false},
 	}
-	if !r.Truncated || len(r.Answer) == 0 {
-		t.Errorf("a 2 KB answer to a client without EDNS: TC=%v with %d records, want TC and what fits", r.Truncated, len(r.Answer))
-	}
-	if len(raw) > 512 {
-		t.Errorf("UDP answer is %d bytes, over the 512 a client without EDNS accepts", len(raw))
-	}
-
-	r = ask(t, "tcp", a.addr(), query("big.example.com", dns.TypeTXT))
-	if r.Truncated || len(r.Answer) != 20 {
-		t.Errorf("over TCP: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
-	}
-
-	q := query("big.example.com", dns.TypeTXT)
-	q.SetEdns0(4096, false)
-	r = ask(t, "udp", a.addr(), q)
-	if r.Truncated || len(r.Answer) != 20 {
-		t.Errorf("EDNS 4096 client: TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := query("big.example.com", dns.TypeTXT)
+			if tt.edns > 0 {
+				q.SetEdns0(tt.edns, false)
+			}
+			r := ask(t, tt.network, a.addr(), q)
+			if size := r.Len(); size > tt.limit {
+				t.Errorf("a %d-byte answer, over the client's %d", size, tt.limit)
+			}
+			if tt.wantTC && (!r.Truncated || len(r.Answer) != 0) {
+				t.Errorf("TC=%v with %d records, want TC and an empty answer section", r.Truncated, len(r.Answer))
+			}
+			if !tt.wantTC && (r.Truncated || len(r.Answer) != 20) {
+				t.Errorf("TC=%v with %d records, want the full 20", r.Truncated, len(r.Answer))
+			}
+		})
 	}
 }
 
@@ -196,18 +205,25 @@ func TestEntryGateThroughTheProxy(t *testing.T) {
 	clock := guard.NewManualClock(time.Now())
 	a := startProxy(t, cfg, clock)
 
-	answered := func(n int) int {
-		got := 0
+	// A query within the rate is answered; one beyond it is dropped, which
+	// the rate_limited count shows the moment it happens: a client waiting
+	// in vain for an answer would prove nothing.
+	c, err := net.Dial("udp", a.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dropped := func(n int) {
+		t.Helper()
 		for range n {
-			if _, err := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 150*time.Millisecond); err == nil {
-				got++
-			}
+			b, _ := query("www.example.com", dns.TypeA).Pack()
+			c.Write(b)
 		}
-		return got
 	}
-	if got := answered(8); got != 5 {
-		t.Fatalf("8 queries on a full bucket of 5: %d answered, want 5", got)
+	for range 5 {
+		ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
 	}
+	dropped(3)
 	if f, rl := count(a, "A", "forwarded", 5), count(a, "A", "rate_limited", 3); f != 5 || rl != 3 {
 		t.Fatalf("forwarded %d, rate_limited %d; want 5 and 3", f, rl)
 	}
@@ -215,8 +231,12 @@ func TestEntryGateThroughTheProxy(t *testing.T) {
 		t.Fatalf("the upstream saw %d queries, want 5: dropped ones never leave", up.Total())
 	}
 	clock.Advance(400 * time.Millisecond) // 5/s: two tokens
-	if got := answered(3); got != 2 {
-		t.Fatalf("400 ms later: %d answered, want 2", got)
+	for range 2 {
+		ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	}
+	dropped(1)
+	if f, rl := count(a, "A", "forwarded", 7), count(a, "A", "rate_limited", 4); f != 7 || rl != 4 {
+		t.Fatalf("400 ms later: forwarded %d, rate_limited %d; want 7 and 4", f, rl)
 	}
 }
 
@@ -266,8 +286,8 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 		probe <- r
 	}()
 	waitFor(t, "the probe to reach the upstream", func() bool { return up.Total() == 5 })
-	for range 3 {
-		if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
+	for i := range 3 { // other names: the probe's own would wait for the probe's answer (coalesced)
+		if r := ask(t, "udp", a.addr(), query(fmt.Sprintf("other%d.example.com", i), dns.TypeA)); r.Rcode != dns.RcodeServerFailure {
 			t.Fatalf("while the probe is out: %s, want SERVFAIL", rcodeName(r))
 		}
 	}
@@ -308,31 +328,36 @@ func TestMalformedQueriesDoNotStopService(t *testing.T) {
 	tests := []struct {
 		name      string
 		pkt       []byte
-		wantRcode int // -1: no answer at all
+		wantRcode int    // -1: no answer at all
+		dropped   string // for no answer: the server's reason, counted when it drops the packet
 	}{
-		{"garbage", []byte("\x01\x02garbage"), -1},
-		{"empty", nil, -1},
-		{"header only, qdcount 1", header(1, 0x0100, 1), dns.RcodeFormatError},
-		{"qdcount 0", header(2, 0x0100, 0), dns.RcodeFormatError},
-		{"qdcount 2", append(append(header(3, 0x0100, 2), question("a.example")...), question("b.example")...), dns.RcodeFormatError},
-		{"compression loop", loop, dns.RcodeFormatError},
-		{"a response, not a query", append(header(5, 0x8100, 1), question("a.example")...), -1},
-		{"label over 63", append(header(6, 0x0100, 1), append([]byte{64}, make([]byte, 70)...)...), dns.RcodeFormatError},
-		{"opcode NOTIFY", append(header(8, 0x2000, 1), question("a.example")...), dns.RcodeNotImplemented},
+		{"garbage", []byte("\x01\x02garbage"), -1, "malformed"},
+		{"empty", nil, -1, "malformed"},
+		{"header only, qdcount 1", header(1, 0x0100, 1), dns.RcodeFormatError, ""},
+		{"qdcount 0", header(2, 0x0100, 0), dns.RcodeFormatError, ""},
+		{"qdcount 2", append(append(header(3, 0x0100, 2), question("a.example")...), question("b.example")...), dns.RcodeFormatError, ""},
+		{"compression loop", loop, dns.RcodeFormatError, ""},
+		{"a response, not a query", append(header(5, 0x8100, 1), question("a.example")...), -1, "response"},
+		{"label over 63", append(header(6, 0x0100, 1), append([]byte{64}, make([]byte, 70)...)...), dns.RcodeFormatError, ""},
+		{"opcode NOTIFY", append(header(8, 0x2000, 1), question("a.example")...), dns.RcodeNotImplemented, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			wait := time.Second
 			if tt.wantRcode < 0 {
-				wait = 150 * time.Millisecond
-			}
-			got := sendRaw(t, a.addr(), tt.pkt, wait)
-			switch {
-			case tt.wantRcode < 0 && got != nil:
-				t.Fatalf("got a %d-byte answer, want none", len(got))
-			case tt.wantRcode >= 0 && len(got) < 12:
-				t.Fatalf("no answer, want %s", dns.RcodeToString[tt.wantRcode])
-			case tt.wantRcode >= 0:
+				drops := a.metrics.Dropped.WithLabelValues(tt.dropped)
+				before := testutil.ToFloat64(drops)
+				c, err := net.Dial("udp", a.addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.Write(tt.pkt)
+				waitFor(t, "the server to drop it as "+tt.dropped, func() bool { return testutil.ToFloat64(drops) == before+1 })
+			} else {
+				got := sendRaw(t, a.addr(), tt.pkt, 3*time.Second)
+				if len(got) < 12 {
+					t.Fatalf("no answer, want %s", dns.RcodeToString[tt.wantRcode])
+				}
 				if id := binary.BigEndian.Uint16(got); id != binary.BigEndian.Uint16(tt.pkt) {
 					t.Errorf("answer ID %d, want the query's", id)
 				}
@@ -404,8 +429,16 @@ func TestInflightCapRefusesAtOnce(t *testing.T) {
 		first <- r
 	}()
 	waitFor(t, "the first query to reach the upstream", func() bool { return up.Total() == 1 })
+	// The same query joins the one at the upstream without taking a place:
+	// it adds no call.
+	follower := make(chan *dns.Msg, 1)
+	go func() {
+		r, _ := tryAsk("udp", a.addr(), query("www.example.com", dns.TypeA), 5*time.Second)
+		follower <- r
+	}()
+	waitFor(t, "the follower to join", func() bool { return testutil.ToFloat64(a.metrics.Coalesced) == 1 })
 	start := time.Now()
-	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	r := ask(t, "udp", a.addr(), query("other.example.com", dns.TypeA))
 	if r.Rcode != dns.RcodeRefused {
 		t.Fatalf("beyond the cap: %s, want REFUSED", rcodeName(r))
 	}
@@ -421,6 +454,9 @@ func TestInflightCapRefusesAtOnce(t *testing.T) {
 	release()
 	if r := <-first; r == nil || r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("the query within the cap: %v", r)
+	}
+	if r := <-follower; r == nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("the query that joined it: %v", r)
 	}
 	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("after the place was freed: %s", rcodeName(r))

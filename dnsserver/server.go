@@ -1,7 +1,8 @@
 // Package dnsserver serves DNS over UDP and TCP on one address with one
-// handler. It reads UDP in batches on one socket per core, parses only the
-// header and the question of each query (the whole message only when it is
-// unusual), answers what it cannot parse with FORMERR, bounds the queries
+// handler. It reads UDP in batches on one socket per core, reads the header,
+// the question and the OPT record of each query straight from the packet,
+// hands what is malformed beyond its header to the handler marked as such
+// (so every answer passes the handler's gates), bounds the queries
 // awaiting an answer and the TCP connections open at once, and shuts down
 // gracefully: it stops reading, waits for every query it took to be
 // answered, then closes its sockets.
@@ -47,12 +48,20 @@ type Query struct {
 	// Wire is the packet as the client sent it. Over UDP it is only valid
 	// until ServeDNS returns: copy what you keep.
 	Wire    []byte
-	Net     string // "udp" or "tcp"
+	Net     string         // "udp" or "tcp"
+	Client  netip.AddrPort // where it came from (an IPv4 address unmapped)
 	Opcode  int
 	QDCount int    // questions in the header; the proxy answers anything but 1 with FORMERR
 	QEnd    int    // Wire[12:QEnd] is the question (12 when there is none)
 	QType   uint16 // the question's type, when there is one
-	UDPSize int    // the largest UDP answer the client takes: 512, or its EDNS size
+	UDPSize int    // the largest UDP answer the client takes: 512, or its EDNS size if larger
+	EDNS    wire.EDNS
+	// Malformed marks a query whose header reads but whose rest does not: a
+	// question or record cut short, a second OPT record, bytes after the
+	// last record, a UDP datagram larger than the server reads. The handler
+	// answers it (FORMERR) or not, as its gates decide; only Wire's header,
+	// Net, Client, Opcode and QDCount are sure, and QEnd if it is past 12.
+	Malformed bool
 }
 
 // ResponseWriter answers one query: Write once, or Drop.
@@ -83,7 +92,8 @@ type Server struct {
 	// Handler answers every query the server could parse.
 	Handler Handler
 	// MaxPending bounds the queries taken and not yet answered, over both
-	// networks; a query beyond it is answered REFUSED at once (default 10000).
+	// networks; a query beyond it is dropped over UDP and answered REFUSED
+	// at once over TCP (default 10000).
 	MaxPending int
 	// MaxTCPConns bounds the TCP connections open at once; a connection
 	// beyond it is closed at once (default 1000).
@@ -98,8 +108,8 @@ type Server struct {
 	// with its own reader (default GOMAXPROCS; 1 where the system lacks it).
 	UDPSockets int
 	// OnDropped, if set, is called with a reason for every packet or
-	// connection the server answers itself or drops ("malformed",
-	// "response", "overloaded", "tcp_conn_limit").
+	// connection the server answers itself or drops ("malformed": shorter
+	// than a header; "response", "overloaded", "tcp_conn_limit").
 	OnDropped func(reason string)
 
 	udp      []*udpSocket
@@ -243,30 +253,47 @@ func (s *Server) dropped(reason string) {
 }
 
 // ServePacket handles one packet as if it had arrived on the server over
-// UDP: it parses it, answers FORMERR or drops it if it is not a query it can
-// parse, and hands the query to the handler otherwise. The server's readers
-// do the same for every packet; it is exported for fuzzing the parse step.
-func (s *Server) ServePacket(w ResponseWriter, pkt []byte) { s.serve(w, new(Query), pkt, "udp") }
-
-// serve takes one packet that w answers, parsed into q (which the caller
-// allocates with w, in one piece).
-func (s *Server) serve(w ResponseWriter, q *Query, pkt []byte, network string) {
-	ok := s.parse(q, pkt, network)
-	switch {
-	case !ok && len(pkt) >= wire.HeaderLen && wire.Flags(pkt)&wire.FlagQR == 0:
-		w.Write(wire.AppendReply(make([]byte, 0, wire.HeaderLen), pkt, wire.HeaderLen, dns.RcodeFormatError))
-	case !ok:
-		w.Drop()
-	case s.MaxPending > 0 && s.pending.Load() > int64(s.MaxPending):
-		s.dropped("overloaded")
-		w.Write(wire.AppendReply(make([]byte, 0, q.QEnd), pkt, q.QEnd, dns.RcodeRefused))
-	default:
-		s.Handler.ServeDNS(w, q)
-	}
+// UDP: it parses it, drops it if it is not a query, and hands it to the
+// handler otherwise, marked Malformed if only its header reads. The
+// server's readers do the same for every packet; it is exported for fuzzing
+// the parse step.
+func (s *Server) ServePacket(w ResponseWriter, pkt []byte) {
+	s.serve(w, new(Query), pkt, "udp", netip.AddrPort{})
 }
 
-// parse reads a query. It reports false, and counts why, for anything that
-// is not a query the handler can be given.
+// serve takes one packet from client that w answers, parsed into q (which
+// the caller allocates with w, in one piece).
+func (s *Server) serve(w ResponseWriter, q *Query, pkt []byte, network string, client netip.AddrPort) {
+	if !s.parse(q, pkt, network) {
+		w.Drop()
+		return
+	}
+	q.Client = client
+	s.dispatch(w, q)
+}
+
+// dispatch hands a query to the handler, unless the server holds too many
+// unanswered. That bound protects the server's memory, not the upstream:
+// over UDP a query beyond it is dropped, for an answer would be one more
+// packet the entry gate never saw, sent to an address nobody checked; over
+// TCP, where the handshake proved the address, it is REFUSED at once, for
+// a dropped TCP query waits out its client's whole timeout.
+func (s *Server) dispatch(w ResponseWriter, q *Query) {
+	if s.MaxPending > 0 && s.pending.Load() > int64(s.MaxPending) {
+		s.dropped("overloaded")
+		if q.Net != "tcp" {
+			w.Drop()
+			return
+		}
+		w.Write(wire.AppendReply(make([]byte, 0, q.QEnd), q.Wire, q.QEnd, dns.RcodeRefused))
+		return
+	}
+	s.Handler.ServeDNS(w, q)
+}
+
+// parse reads a query. It reports false, and counts why, for a packet that
+// is not a query at all: too short for a header, or a response. A query
+// that is not well-formed beyond its header is marked Malformed.
 func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 	*q = Query{Wire: pkt, Net: network, QEnd: wire.HeaderLen, UDPSize: dns.MinMsgSize}
 	if len(pkt) < wire.HeaderLen {
@@ -278,34 +305,38 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 		return false
 	}
 	q.Opcode = wire.Opcode(pkt)
-	qd, an, ns, ar := wire.Counts(pkt)
-	q.QDCount = qd
-	end, haveQ := 0, false
-	if qd >= 1 {
-		if end, haveQ = wire.QuestionEnd(pkt); haveQ {
-			q.QEnd, q.QType = end, wire.QType(pkt, end)
-		}
+	q.QDCount, _, _, _ = wire.Counts(pkt)
+	if q.QDCount == 0 {
+		return true // the handler answers FORMERR: no question to read further
 	}
-	// The fast path: one question, and nothing after it but an OPT record.
-	if qd == 1 && haveQ && an == 0 && ns == 0 {
-		if ar == 0 && end == len(pkt) {
-			return true
-		}
-		if size, ok := wire.EDNSSize(pkt, end); ar == 1 && ok {
-			q.UDPSize = max(size, dns.MinMsgSize)
-			return true
-		}
+	end, ok := wire.QuestionEnd(pkt)
+	if !ok {
+		q.Malformed = true
+		return true
 	}
-	// Anything else is checked by unpacking the whole message.
-	m := new(dns.Msg)
-	if err := m.Unpack(pkt); err != nil || (qd >= 1 && !haveQ) {
-		s.dropped("malformed")
-		return false
+	q.QEnd, q.QType = end, wire.QType(pkt, end)
+	if q.QDCount > 1 {
+		return true // FORMERR too: the records after the second question are not read
 	}
-	if opt := m.IsEdns0(); opt != nil {
-		q.UDPSize = max(int(opt.UDPSize()), dns.MinMsgSize)
+	sec, ok := wire.ReadSections(pkt, end)
+	if !ok || sec.End != len(pkt) {
+		q.Malformed = true
+		return true
+	}
+	q.EDNS = sec.OPT
+	if sec.OPT.Present {
+		q.UDPSize = max(sec.OPT.Size, dns.MinMsgSize)
 	}
 	return true
+}
+
+// clientOf returns the address a connection comes from, IPv4 unmapped.
+func clientOf(c *net.TCPConn) netip.AddrPort {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
 }
 
 // answer is the part of a ResponseWriter that counts queries in and out.

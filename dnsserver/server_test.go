@@ -15,8 +15,13 @@ import (
 	"dnsproxi/internal/wire"
 )
 
-// echo answers every query with NOERROR and its question.
+// echo answers every query with NOERROR and its question, FORMERR if it is
+// malformed.
 var echo = HandlerFunc(func(w ResponseWriter, q *Query) {
+	if q.Malformed {
+		w.Write(wire.AppendReply(nil, q.Wire, wire.HeaderLen, dns.RcodeFormatError))
+		return
+	}
 	w.Write(wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess))
 })
 
@@ -182,17 +187,33 @@ func TestSlowlorisDoesNotStarveUDP(t *testing.T) {
 	}
 }
 
+// Beyond MaxPending a TCP query is REFUSED at once and a UDP one dropped:
+// an answer the handler's gates never saw is not sent to an unproven address.
 func TestPendingCapAnswersRefused(t *testing.T) {
 	h := newHolder()
-	addr := startServer(t, &Server{MaxPending: 1, Handler: h})
+	overloaded := make(chan string, 10)
+	addr := startServer(t, &Server{MaxPending: 1, Handler: h, OnDropped: func(r string) { overloaded <- r }})
 	defer h.release()
 	go ask("udp", addr, 5*time.Second)
 	<-h.entered
-	for _, network := range []string{"udp", "tcp"} {
-		r, err := ask(network, addr, time.Second)
-		if err != nil || r.Rcode != dns.RcodeRefused {
-			t.Fatalf("%s beyond MaxPending: %v %v, want REFUSED at once", network, r, err)
+	r, err := ask("tcp", addr, time.Second)
+	if err != nil || r.Rcode != dns.RcodeRefused {
+		t.Fatalf("tcp beyond MaxPending: %v %v, want REFUSED at once", r, err)
+	}
+	if reason := <-overloaded; reason != "overloaded" {
+		t.Fatalf("dropped as %q, want overloaded", reason)
+	}
+	go ask("udp", addr, 100*time.Millisecond)
+	select {
+	case reason := <-overloaded:
+		if reason != "overloaded" {
+			t.Fatalf("dropped as %q, want overloaded", reason)
 		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a UDP query beyond MaxPending was not dropped")
+	}
+	if h.count() != 1 {
+		t.Fatalf("the handler holds %d queries, want only the first", h.count())
 	}
 }
 
@@ -291,7 +312,7 @@ func TestParse(t *testing.T) {
 		{"extra records: the slow path", pack(withTSIG), true, 1, dns.TypeA, 4096},
 		{"no question", pack(new(dns.Msg)), true, 0, 0, 512},
 		{"short", plain[:5], false, 0, 0, 512},
-		{"cut question", plain[:len(plain)-1], false, 1, 0, 512},
+		{"cut question: Malformed", plain[:len(plain)-1], true, 1, 0, 512},
 		{"response", pack(new(dns.Msg).SetReply(new(dns.Msg).SetQuestion("a.", dns.TypeA))), false, 1, dns.TypeA, 512},
 	}
 	s := &Server{}
@@ -309,7 +330,7 @@ func TestParse(t *testing.T) {
 				t.Fatalf("parsed %+v", q)
 			}
 			if tt.qd == 1 {
-				if end, _ := wire.QuestionEnd(tt.pkt); q.QEnd != end {
+				if end, ok := wire.QuestionEnd(tt.pkt); ok && q.QEnd != end {
 					t.Fatalf("QEnd %d, want %d", q.QEnd, end)
 				}
 			}

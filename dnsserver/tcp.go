@@ -84,7 +84,7 @@ func (s *Server) serveConn(c *net.TCPConn) {
 		tc.pipeline <- struct{}{} // released by the answer
 		w := &tcpWriter{conn: tc}
 		w.start(s)
-		s.serve(w, &w.q, pkt, "tcp")
+		s.serve(w, &w.q, pkt, "tcp", clientOf(c))
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 )
 
 // udpBufSize is the largest query read over UDP. Queries are small; a
-// larger one is answered FORMERR. The buffers are kept small on purpose: the
+// larger one is handed to the handler as Malformed. The buffers are kept small on purpose: the
 // garbage collector lets the heap grow in proportion to what is live, and
 // 64 KiB slots would let megabytes of garbage pile up between collections.
 const udpBufSize = 4096
@@ -76,13 +76,15 @@ func (s *Server) serveUDP(u *udpSocket) {
 			continue // a transient error (ICMP unreachable from an earlier reply): keep serving
 		}
 		for i := range n {
-			w := &udpWriter{out: u.writer, to: u.reader.Addr(i)}
+			to := u.reader.Addr(i)
+			w := &udpWriter{out: u.writer, to: to}
 			w.start(s)
+			client := netip.AddrPortFrom(to.Addr().Unmap(), to.Port())
 			if u.reader.Truncated(i) {
-				s.tooLarge(w, u.reader.Packet(i))
+				s.tooLarge(w, u.reader.Packet(i), client)
 				continue
 			}
-			s.serve(w, &w.q, u.reader.Packet(i), "udp")
+			s.serve(w, &w.q, u.reader.Packet(i), "udp", client)
 		}
 	}
 }
@@ -106,13 +108,14 @@ func (w *udpWriter) Write(reply []byte) error {
 // Drop ends the query without an answer.
 func (w *udpWriter) Drop() { w.finish() }
 
-// tooLarge answers a query larger than udpBufSize with FORMERR, from its
-// header (all of it that is sure to be there); a response is dropped.
-func (s *Server) tooLarge(w *udpWriter, pkt []byte) {
-	s.dropped("malformed")
-	if wire.Flags(pkt)&wire.FlagQR != 0 {
+// tooLarge hands a query larger than udpBufSize to the handler marked
+// Malformed, to be answered (FORMERR) or not as its gates decide; pkt is its
+// first udpBufSize bytes. A response is dropped.
+func (s *Server) tooLarge(w *udpWriter, pkt []byte, client netip.AddrPort) {
+	if !s.parse(&w.q, pkt, "udp") {
 		w.Drop()
 		return
 	}
-	w.Write(wire.AppendReply(nil, pkt, wire.HeaderLen, dns.RcodeFormatError))
+	w.q.Client, w.q.Malformed, w.q.EDNS, w.q.UDPSize = client, true, wire.EDNS{}, dns.MinMsgSize
+	s.dispatch(w, &w.q)
 }

@@ -19,17 +19,18 @@ type Outcome int
 
 // The outcomes.
 const (
-	Forwarded     Outcome = iota // the upstream's reply was relayed
-	RateLimited                  // refused by the entry gate: dropped
-	BreakerOpen                  // refused by the forward gate: SERVFAIL at once
-	UpstreamError                // timeout, network error or no valid reply: SERVFAIL
-	Overloaded                   // too many queries in flight: REFUSED at once
-	FormErr                      // not a single question: FORMERR
-	NotImp                       // an opcode other than QUERY: NOTIMP
+	Forwarded       Outcome = iota // the upstream's reply was relayed
+	RateLimited                    // refused by the entry gate: dropped
+	BreakerOpen                    // refused by the forward gate: SERVFAIL at once
+	UpstreamError                  // timeout, network error or no valid reply: SERVFAIL
+	Overloaded                     // too many queries in flight: REFUSED at once
+	FormErr                        // not a single question: FORMERR
+	NotImp                         // an opcode other than QUERY: NOTIMP
+	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp"}
+var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }
@@ -61,6 +62,7 @@ type Metrics struct {
 	BreakerState     prometheus.Gauge
 	BreakerChanges   *prometheus.CounterVec
 	Dropped          *prometheus.CounterVec
+	Coalesced        prometheus.Counter
 
 	byType map[uint16]int                    // query type → row of counts
 	counts [][numOutcomes]prometheus.Counter // [qtype row][outcome]: resolved once, so counting is one atomic add
@@ -100,6 +102,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "server_dropped_total",
 			Help: "Packets and connections the server answered or dropped before the handler, by reason.",
 		}, []string{"reason"}),
+		Coalesced: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "coalesced_total",
+			Help: "Queries that waited for the answer to an identical query in flight instead of asking the upstream.",
+		}),
 		byType: make(map[uint16]int, len(QTypes)),
 	}
 	rows := make([]string, 0, len(QTypes)+1)
@@ -126,7 +132,7 @@ func New() *Metrics {
 		m.Dropped.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(m.Queries, m.RequestDuration, m.UpstreamDuration, m.InFlight,
-		m.BreakerState, m.BreakerChanges, m.Dropped,
+		m.BreakerState, m.BreakerChanges, m.Dropped, m.Coalesced,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -14,7 +14,7 @@ func TestDrills(t *testing.T) {
 	}
 	checks := map[string]func(t *testing.T, n map[string]int){
 		"ratelimit": func(t *testing.T, n map[string]int) {
-			if n["rate_limited"] == 0 || n["forwarded"] != 0 || n["upstream"] != n["upstream_error"] {
+			if n["rate_limited"] == 0 || n["forwarded"] != 0 || n["upstream"]+n["coalesced"] != n["upstream_error"] {
 				t.Errorf("ratelimit numbers %v", n)
 			}
 		},

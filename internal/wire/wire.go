@@ -1,7 +1,8 @@
 // Package wire reads and writes the few parts of a DNS message that the
-// proxy's fast path needs — the header, the question, the EDNS buffer size —
-// straight from the packet, without unpacking the whole message. Anything
-// it does not recognise is left to github.com/miekg/dns.
+// proxy's fast path needs — the header, the question, where the records lie,
+// the OPT record — straight from the packet, without unpacking the whole
+// message, and keys a query by what its answer depends on (Key). It imports
+// nothing of the proxy's, so a cache may use it too.
 package wire
 
 import "encoding/binary"
@@ -12,9 +13,12 @@ const HeaderLen = 12
 // Header flag bits (RFC 1035 §4.1.1), in the 16-bit flags word.
 const (
 	FlagQR = 1 << 15
+	FlagAA = 1 << 10
 	FlagTC = 1 << 9
 	FlagRD = 1 << 8
 	FlagRA = 1 << 7
+	FlagAD = 1 << 5
+	FlagCD = 1 << 4
 )
 
 // ID returns the message ID. pkt must hold a header.
@@ -72,18 +76,22 @@ func QuestionEnd(pkt []byte) (int, bool) {
 func QType(pkt []byte, qend int) uint16 { return binary.BigEndian.Uint16(pkt[qend-4:]) }
 
 // EqualQuestion reports whether a and b hold the same question, comparing
-// names without regard to ASCII case (some resolvers change it).
+// the name's letters without regard to ASCII case (some resolvers change
+// it) and the type and class, its last four bytes, exactly: type HTTPS (65,
+// an 'A' as a byte) is not type 97. A label's length byte (at most 63) is
+// never a letter, so folding the whole name is folding its letters only.
 func EqualQuestion(a, b []byte) bool {
 	if len(a) != len(b) {
 		return false
 	}
-	for i := range a {
+	name := max(len(a)-4, 0)
+	for i := range a[:name] {
 		x, y := a[i], b[i]
 		if x != y && lower(x) != lower(y) {
 			return false
 		}
 	}
-	return true
+	return string(a[name:]) == string(b[name:])
 }
 
 func lower(c byte) byte {
@@ -109,10 +117,10 @@ func EDNSSize(pkt []byte, off int) (int, bool) {
 }
 
 // AppendReply appends to dst an answer to the query q (whose question ends
-// at qend) with rcode and no records: q's ID, opcode and RD, QR and RA set,
-// and q's question.
+// at qend) with rcode and no records: q's ID, opcode, RD and CD, QR and RA
+// set, and q's question.
 func AppendReply(dst, q []byte, qend, rcode int) []byte {
-	flags := Flags(q)&(0xF<<11|FlagRD) | FlagQR | FlagRA | uint16(rcode&0xF)
+	flags := Flags(q)&(0xF<<11|FlagRD|FlagCD) | FlagQR | FlagRA | uint16(rcode&0xF)
 	dst = binary.BigEndian.AppendUint16(dst, ID(q))
 	dst = binary.BigEndian.AppendUint16(dst, flags)
 	qd := uint16(0)

@@ -97,3 +97,32 @@ func TestAppendReply(t *testing.T) {
 		t.Fatalf("header-only reply: %v %v", r, err)
 	}
 }
+
+// EqualQuestion folds case on the name's letters only: type HTTPS (65, 'A'
+// as a byte) is not type 97 ('a'), nor class 65 class 97.
+func TestEqualQuestionFoldsOnlyTheName(t *testing.T) {
+	q := func(name string, qtype, qclass uint16) []byte {
+		m := new(dns.Msg).SetQuestion(name, qtype)
+		m.Question[0].Qclass = qclass
+		return pack(t, m)[HeaderLen:]
+	}
+	tests := []struct {
+		name string
+		a, b []byte
+		want bool
+	}{
+		{"name case", q("WwW.Example.COM.", 65, 1), q("www.example.com.", 65, 1), true},
+		{"type 65 vs 97", q("www.example.com.", 65, 1), q("www.example.com.", 97, 1), false},
+		{"class 65 vs 97", q("www.example.com.", 1, 65), q("www.example.com.", 1, 97), false},
+		{"type 90 vs 122", q("a.", 90, 1), q("a.", 122, 1), false},
+		{"different name", q("a.example.", 1, 1), q("b.example.", 1, 1), false},
+		{"too short", []byte{0, 0}, []byte{0, 0}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := EqualQuestion(tt.a, tt.b); got != tt.want {
+				t.Fatalf("EqualQuestion = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

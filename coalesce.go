@@ -1,0 +1,171 @@
+package main
+
+import (
+	"sync"
+	"time"
+
+	"dnsproxi/dnsserver"
+	"dnsproxi/guard"
+	"dnsproxi/internal/wire"
+	"dnsproxi/metrics"
+	"dnsproxi/upstream"
+)
+
+// Coalescing: a query whose key (wire.Key: the name without case, type,
+// class, RD, CD, DO, EDNS or not) matches one already at the upstream, over
+// the same network, waits for that one's answer instead of asking again.
+// Each waiter still gets its own answer, built for it (answer.go).
+//
+// A follower pays the entry gate like any query, but not the in-flight cap
+// and not the breaker: it adds no call to the upstream, so it must neither
+// take a place the cap keeps for calls nor take the half-open probe's place.
+// What bounds followers is the server's bound on unanswered queries
+// (MaxPending) and maxFollowers per flight; beyond that a query goes to the
+// upstream on its own, through the cap and the breaker.
+//
+// Never coalesced: queries with an EDNS Client Subnet option (their answer
+// may depend on the subnet), and UDP with TCP (a UDP leader may get a TC
+// answer a TCP client cannot use). Zone transfers never reach this point.
+
+// maxFollowers bounds the queries waiting on one flight besides its leader,
+// and so the work one upstream answer sets off.
+const maxFollowers = 64
+
+// flightShards spreads the flights over locks, so readers on several cores
+// seldom wait for one another.
+const flightShards = 64
+
+// flight is one query at the upstream, with everyone waiting for its answer.
+type flight struct {
+	p       *proxy
+	key     wire.Key
+	net     int  // index into proxy.flights: 0 UDP, 1 TCP
+	shared  bool // in the table: others may join until it lands
+	next    *flight
+	permit  guard.Permit
+	sent    time.Time
+	waiters []waiter // [0] is the leader; the rest join under the shard's lock
+	done    upstream.Result
+	query   []byte // what is sent upstream
+}
+
+var flightPool = sync.Pool{New: func() any { return new(flight) }}
+
+// flightTable is the flights of one network, by key hash; flights whose
+// keys share a hash are chained through next.
+type flightTable [flightShards]flightShard
+
+type flightShard struct {
+	mu sync.Mutex
+	m  map[uint64]*flight
+}
+
+func (t *flightTable) shard(k *wire.Key) *flightShard { return &t[k.Hash%flightShards] }
+
+// newFlight returns a flight with q's client as its leader. coalesce says
+// whether q may share it; the key is set only then.
+func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype metrics.QTypeRow, start time.Time) (f *flight, coalesce bool) {
+	f = flightPool.Get().(*flight)
+	if f.done == nil {
+		f.done = f.land // made once per flight, not once per query
+	}
+	f.p, f.next, f.shared, f.permit = p, nil, false, guard.Permit{}
+	f.net = 0
+	if q.Net == "tcp" {
+		f.net = 1
+	}
+	if cap(f.waiters) == 0 {
+		f.waiters = make([]waiter, 0, 4)
+	}
+	f.waiters = f.waiters[:1]
+	f.waiters[0].set(w, q, qtype, start, p.udpSize())
+	if q.EDNS.ECS {
+		return f, false
+	}
+	var bits byte
+	flags := wire.Flags(q.Wire)
+	if flags&wire.FlagRD != 0 {
+		bits |= wire.KeyRD
+	}
+	if flags&wire.FlagCD != 0 {
+		bits |= wire.KeyCD
+	}
+	if q.EDNS.Present {
+		bits |= wire.KeyEDNS
+	}
+	if q.EDNS.DO {
+		bits |= wire.KeyDO
+	}
+	return f, f.key.Set(q.Wire[wire.HeaderLen:q.QEnd], bits)
+}
+
+// join adds f's leader to the flight with the same key, if one is in the
+// air with room, and reports whether it did; f is then recycled.
+func (p *proxy) join(f *flight) bool {
+	sh := p.flights[f.net].shard(&f.key)
+	sh.mu.Lock()
+	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
+		if g.key.Equal(&f.key) {
+			if len(g.waiters) > maxFollowers {
+				break
+			}
+			g.waiters = append(g.waiters, f.waiters[0])
+			sh.mu.Unlock()
+			p.metrics.Coalesced.Inc()
+			f.recycle()
+			return true
+		}
+	}
+	sh.mu.Unlock()
+	return false
+}
+
+// share puts f in the table, for others to join, unless another flight
+// with its key got there first since join looked: then f goes on its own.
+func (p *proxy) share(f *flight) {
+	sh := p.flights[f.net].shard(&f.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
+		if g.key.Equal(&f.key) {
+			return
+		}
+	}
+	if sh.m == nil {
+		sh.m = make(map[uint64]*flight)
+	}
+	f.next, f.shared = sh.m[f.key.Hash], true
+	sh.m[f.key.Hash] = f
+}
+
+// unshare takes f out of the table: from then on f.waiters is the
+// completion's alone.
+func (p *proxy) unshare(f *flight) {
+	sh := p.flights[f.net].shard(&f.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	prev := (*flight)(nil)
+	for g := sh.m[f.key.Hash]; g != nil; prev, g = g, g.next {
+		if g != f {
+			continue
+		}
+		switch {
+		case prev != nil:
+			prev.next = g.next
+		case g.next != nil:
+			sh.m[f.key.Hash] = g.next
+		default:
+			delete(sh.m, f.key.Hash)
+		}
+		return
+	}
+}
+
+// recycle returns f to the pool, keeping nobody's writer alive.
+func (f *flight) recycle() {
+	for i := range f.waiters {
+		f.waiters[i].w = nil
+	}
+	f.p, f.next = nil, nil
+	flightPool.Put(f)
+}
