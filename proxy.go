@@ -117,6 +117,9 @@ func (f *flight) land(_, reply []byte, err error) {
 	p := f.p
 	p.leave()
 	p.metrics.UpstreamDuration.Observe(time.Since(f.sent).Seconds())
+	if f.shared {
+		p.unshare(f) // from here on no one joins: f.waiters is ours to read
+	}
 	ua, ok := upstreamAnswer{}, false
 	verdict := upstream.Judge(reply, err)
 	if err == nil {
@@ -125,9 +128,6 @@ func (f *flight) land(_, reply []byte, err error) {
 		}
 	}
 	markBreaker(f.permit, verdict)
-	if f.shared {
-		p.unshare(f)
-	}
 	if ok {
 		p.noteRA(ua.flags)
 	}
