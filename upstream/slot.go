@@ -19,8 +19,10 @@ import (
 // a query go by), stays useful to a spoofer for good. With rotation a port
 // learned is good for at most 10,000 queries and one minute by default.
 // Why not a socket per query, as some resolvers do: batched reads and
-// writes need queries to share a socket. Opening one costs some tens of
-// microseconds, a few nanoseconds a query at 10,000 queries a socket.
+// writes need queries to share a socket. Opening and closing one costs
+// about 0.4 ms here (BenchmarkSocketOpen; the opening, about 0.2 ms, on the
+// goroutine of the query that reached the bound), some 40 ns a query at
+// 10,000 queries a socket.
 type udpSlot struct {
 	u   *Upstream
 	cur atomic.Pointer[udpSocket]
