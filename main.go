@@ -123,10 +123,23 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 			log.Info("breaker", "from", from.String(), "to", to.String())
 		})
 	}
-	up, err := upstream.New(upstream.Config{Addr: cfg.Upstream, Timeout: cfg.UpstreamTimeout})
+	up, err := upstream.New(upstream.Config{
+		Addr:        cfg.Upstream,
+		Timeout:     cfg.UpstreamTimeout,
+		Disable0x20: !cfg.Upstream0x20,
+		OnCaseFallback: func() {
+			log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
+				"upstream", cfg.Upstream)
+		},
+	})
 	if err != nil {
 		return nil, err
 	}
+	m.WatchUpstream(func() metrics.UpstreamStats {
+		s := up.Stats()
+		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
+			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
+	})
 	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
 		upstream: up, metrics: m}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}

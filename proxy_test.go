@@ -135,16 +135,25 @@ func TestTruncationToClientSize(t *testing.T) {
 	}
 }
 
-func TestUpstreamTruncatedRetriesOverTCP(t *testing.T) {
+// A TC answer from the upstream is relayed: the client comes back over
+// TCP, and the proxy forwards that over TCP.
+func TestUpstreamTruncatedIsRelayed(t *testing.T) {
 	up := startUpstream(t)
 	up.SetMode(fakeupstream.Truncate)
 	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
 	r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	if !r.Truncated || len(r.Answer) != 0 {
+		t.Fatalf("TC=%v with %d answers, want the upstream's TC answer", r.Truncated, len(r.Answer))
+	}
+	if udp, tcp := up.Received(); udp != 1 || tcp != 0 {
+		t.Fatalf("upstream saw %d UDP, %d TCP; want 1 and 0", udp, tcp)
+	}
+	r = ask(t, "tcp", a.addr(), query("www.example.com", dns.TypeA))
 	if r.Truncated || len(r.Answer) != 1 {
-		t.Fatalf("TC=%v with %d answers, want the full answer fetched over TCP", r.Truncated, len(r.Answer))
+		t.Fatalf("over TCP: TC=%v with %d answers, want the full answer", r.Truncated, len(r.Answer))
 	}
 	if udp, tcp := up.Received(); udp != 1 || tcp != 1 {
-		t.Fatalf("upstream saw %d UDP, %d TCP; want 1 and 1 (the retry)", udp, tcp)
+		t.Fatalf("upstream saw %d UDP, %d TCP; want 1 and 1", udp, tcp)
 	}
 }
 

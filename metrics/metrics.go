@@ -160,3 +160,34 @@ func (m *Metrics) Count(row QTypeRow, outcome Outcome) {
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
 }
+
+// UpstreamStats is what the upstream client counts itself; the metrics read
+// it at every scrape.
+type UpstreamStats struct {
+	CaseMismatches uint64 // replies ignored: their question came back in another letter case
+	Rotations      uint64 // UDP sockets replaced by one on a fresh random port
+	Case0x20       bool   // the query name's letter case is randomised (0x20)
+}
+
+// WatchUpstream exports the upstream client's own counts, read at scrape time.
+func (m *Metrics) WatchUpstream(read func() UpstreamStats) {
+	m.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "upstream_case_mismatches_total",
+			Help: "Upstream replies ignored because their question came back in another letter case (0x20): forged, or an upstream that does not echo case.",
+		}, func() float64 { return float64(read().CaseMismatches) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "upstream_socket_rotations_total",
+			Help: "Upstream UDP sockets replaced by one on a fresh random source port.",
+		}, func() float64 { return float64(read().Rotations) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "upstream_0x20",
+			Help: "1 while the query name's letter case is randomised upstream (0x20); 0 when off or switched off for an upstream that does not echo case.",
+		}, func() float64 {
+			if read().Case0x20 {
+				return 1
+			}
+			return 0
+		}),
+	)
+}

@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"math/rand/v2"
 	"time"
 
 	"dnsproxi/internal/wire"
@@ -12,17 +11,18 @@ const maxPending = 60000
 
 // pending is the table of queries in flight on one socket or connection, by
 // the ID each went out under. Whoever removes a query from it reports that
-// query's outcome: that is what makes every report happen exactly once. Its
-// owner's mutex guards it.
+// query's outcome (or sends it again, and so files it in another table):
+// that is what makes every report happen exactly once. Its owner's mutex
+// guards it.
 type pending map[uint16]*call
 
-// add files c under a random free ID, which it writes into c.wire.
-func (p pending) add(c *call) error {
+// add files c under a random free ID drawn from rng, which it writes into c.wire.
+func (p pending) add(c *call, rng *entropy) error {
 	if len(p) >= maxPending {
 		return ErrBusy
 	}
 	for {
-		id := uint16(rand.Uint32())
+		id := uint16(rng.uint64())
 		if _, taken := p[id]; !taken {
 			wire.SetID(c.wire, id)
 			p[id] = c
@@ -32,12 +32,12 @@ func (p pending) add(c *call) error {
 }
 
 // take removes and returns the query reply answers, if it is waiting here.
-// Anything else (late, duplicate, spoofed, not an answer) leaves the table
-// as it was: the real answer may still come.
+// Anything else (late, duplicate, spoofed, not an answer, the case changed)
+// leaves the table as it was: the real answer may still come.
 func (p pending) take(reply []byte) *call {
 	id := wire.ID(reply)
 	c := p[id]
-	if c == nil || !c.answers(reply) {
+	if c == nil || c.match(reply) != replyAnswers {
 		return nil
 	}
 	delete(p, id)
@@ -48,6 +48,18 @@ func (p pending) take(reply []byte) *call {
 func (p pending) takeExpired(now time.Time, out []*call) []*call {
 	for id, c := range p {
 		if now.After(c.deadline) {
+			delete(p, id)
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// takeSuspects removes the queries that had a reply in another case and
+// appends them to out.
+func (p pending) takeSuspects(out []*call) []*call {
+	for id, c := range p {
+		if c.suspect {
 			delete(p, id)
 			out = append(out, c)
 		}

@@ -19,7 +19,10 @@ var errConnLost = errors.New("upstream: TCP connection lost")
 
 // tcpConns keeps a few long-lived TCP connections to the upstream and
 // pipelines queries on them (RFC 7766): many in flight per connection, each
-// under its own random ID, answered in any order. Nothing here blocks the
+// under its own random ID, answered in any order. Names go out in the
+// caller's case: an off-path spoofer cannot inject into a TCP stream, so
+// 0x20 would add nothing there but failures at upstreams that do not echo
+// case. Nothing here blocks the
 // caller: a connection that must be dialled first is dialled on a goroutine
 // of its own, and writes go out from each connection's writer.
 type tcpConns struct {
@@ -135,7 +138,8 @@ type tcpConn struct {
 
 	mu      sync.Mutex
 	pending pending
-	out     []byte // length-prefixed frames waiting for the writer
+	rng     entropy // IDs
+	out     []byte  // length-prefixed frames waiting for the writer
 	dead    bool
 }
 
@@ -166,7 +170,7 @@ func (tc *tcpConn) send(c *call) {
 		tc.p.send(c) // lost the race with a failure: another connection
 		return
 	}
-	if err := tc.pending.add(c); err != nil {
+	if err := tc.pending.add(c, &tc.rng); err != nil {
 		tc.mu.Unlock()
 		c.finish(nil, err)
 		return

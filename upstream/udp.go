@@ -5,15 +5,29 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"dnsproxi/internal/batchio"
 	"dnsproxi/internal/wire"
 )
 
-// udpSocket is one long-lived connected UDP socket. Queries are filed under
-// a random free ID; one reader hands each valid reply to its query and
-// ignores everything else.
+// Source ports are drawn from minPort-65535, every port a process may bind
+// without privilege: 64,512 of them, 15.98 bits. A port found taken is
+// replaced by another draw, portTries times at most.
+const (
+	minPort   = 1024
+	portTries = 16
+)
+
+// errRetired turns a query away from a socket that has retired: the caller
+// sends it on the socket that took its place.
+var errRetired = errors.New("upstream: socket retired")
+
+// udpSocket is one connected UDP socket on a random source port. Queries
+// are filed under a random free ID; one reader hands each valid reply to
+// its query and ignores everything else. It takes queries until it retires
+// (see udpSlot), then only reads.
 type udpSocket struct {
 	u      *Upstream
 	conn   *net.UDPConn
@@ -21,9 +35,14 @@ type udpSocket struct {
 	reader *batchio.Reader
 	done   chan struct{} // closed when the reader has stopped
 
-	mu      sync.Mutex
-	pending pending
-	closed  bool
+	mu       sync.Mutex
+	pending  pending
+	rng      entropy   // IDs and 0x20 case
+	sent     int       // queries it took
+	expires  time.Time // when it retires at the latest
+	rotating bool      // the query that reached a bound is opening the successor
+	retired  bool      // takes no more queries
+	closed   bool
 }
 
 // replyBufSize is the largest UDP reply read whole; a larger one (rare: a
@@ -32,8 +51,9 @@ type udpSocket struct {
 // udpBufSize.
 const replyBufSize = 8192
 
-func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
-	conn, err := net.DialUDP("udp", nil, raddr)
+// dialUDP opens a socket to raddr on a random source port.
+func dialUDP(u *Upstream, raddr *net.UDPAddr, now time.Time) (*udpSocket, error) {
+	conn, err := listenRandomPort(raddr)
 	if err != nil {
 		return nil, err
 	}
@@ -49,10 +69,32 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr) (*udpSocket, error) {
 		conn.Close()
 		return nil, err
 	}
-	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(pending)}
+	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(pending),
+		expires: now.Add(u.cfg.SocketLifetime)}
 	go s.read()
 	return s, nil
 }
+
+// listenRandomPort binds a source port drawn from crypto/rand and connects
+// to raddr. The kernel's own choice would come from its ephemeral range
+// (28,232 ports on Linux) in a sequence some kernels make guessable.
+func listenRandomPort(raddr *net.UDPAddr) (*net.UDPConn, error) {
+	var err error
+	for range portTries {
+		port := minPort + int(cryptoUint64()%(65536-minPort))
+		var conn *net.UDPConn
+		if conn, err = net.DialUDP("udp", &net.UDPAddr{Port: port}, raddr); err == nil {
+			return conn, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EACCES) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// port returns the socket's source port.
+func (s *udpSocket) port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 
 // close stops the socket and ends every query still waiting on it.
 func (s *udpSocket) close() {
@@ -68,37 +110,100 @@ func (s *udpSocket) close() {
 	}
 }
 
-// send files c under a random free ID and queues it for the writer.
-func (s *udpSocket) send(c *call) error {
+// send files c under a random free ID, in a fresh random case if mix, and
+// queues it for the writer. It reports whether c was the query that reached
+// one of the socket's bounds: then the caller opens its successor.
+func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return ErrClosed
+	if s.retired { // before closed: a retired socket closes once drained
+		return false, errRetired
 	}
-	if err := s.pending.add(c); err != nil {
-		return err
+	if s.closed {
+		return false, ErrClosed
+	}
+	name := c.wire[wire.HeaderLen : wire.HeaderLen+len(c.name)]
+	copy(name, c.name) // a query sent again starts from the caller's case
+	c.mixed = mix && mixCase(name, &s.rng)
+	c.suspect = false
+	if err := s.pending.add(c, &s.rng); err != nil {
+		return false, err
 	}
 	// Queued under the lock: once c is in the table, a reply or the sweeper
 	// may finish and recycle it, and c.wire with it.
-	err := s.writer.Send(netip.AddrPort{}, c.wire)
-	if err != nil {
+	if err := s.writer.Send(netip.AddrPort{}, c.wire); err != nil {
 		delete(s.pending, wire.ID(c.wire))
+		return false, err
 	}
-	return err
+	s.sent++
+	if !s.rotating && (s.sent >= s.u.cfg.SocketQueries || now.After(s.expires)) {
+		s.rotating = true
+		return true, nil
+	}
+	return false, nil
 }
 
-// take removes and returns the query reply answers, if it is waiting here.
-func (s *udpSocket) take(reply []byte) *call {
+// keep takes the socket back into service for another full term after its
+// successor could not be opened.
+func (s *udpSocket) keep(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.pending.take(reply)
+	s.rotating, s.sent, s.expires = false, 0, now.Add(s.u.cfg.SocketLifetime)
 }
 
-// takeExpired removes the queries whose deadline is before now and appends them to out.
-func (s *udpSocket) takeExpired(now time.Time, out []*call) []*call {
+// retire stops the socket taking queries; it goes on reading.
+func (s *udpSocket) retire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.pending.takeExpired(now, out)
+	s.retired = true
+}
+
+// take looks reply up. It returns the query reply ends, if any, with the
+// verdict: replyAnswers, or replyCaseChanged for a probe or once 0x20 is
+// off (the caller sends that query again). A query with a reply in another
+// case stays in the table otherwise, as a suspect; the first such reply
+// returns a copy of the query for a probe, unless a probe is out.
+func (s *udpSocket) take(reply []byte) (c *call, v verdict, probe []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := wire.ID(reply)
+	if c = s.pending[id]; c == nil {
+		return nil, replyForeign, nil
+	}
+	switch v = c.match(reply); v {
+	case replyAnswers:
+		delete(s.pending, id)
+		return c, v, nil
+	case replyCaseChanged:
+		s.u.cases.mismatches.Add(1)
+		if c.probe || s.u.cases.plain.Load() {
+			delete(s.pending, id)
+			return c, v, nil
+		}
+		if !c.suspect {
+			c.suspect = true
+			if !s.u.cases.probing.Load() {
+				probe = c.probeQuery()
+			}
+		}
+	}
+	return nil, v, probe
+}
+
+// takeExpired removes the queries whose deadline is before now and appends
+// them to out; drained reports whether the socket is retired and empty.
+func (s *udpSocket) takeExpired(now time.Time, out []*call) (_ []*call, drained bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out = s.pending.takeExpired(now, out)
+	return out, s.retired && len(s.pending) == 0
+}
+
+// takeSuspects removes the queries that had a reply in another case.
+func (s *udpSocket) takeSuspects(out []*call) []*call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending.takeSuspects(out)
 }
 
 // read hands replies to their queries until the socket is closed.
@@ -118,15 +223,23 @@ func (s *udpSocket) read() {
 			if len(reply) < wire.HeaderLen {
 				continue
 			}
-			c := s.take(reply)
-			if c == nil {
-				continue
+			c, v, probe := s.take(reply)
+			if probe != nil {
+				s.u.startProbe(probe)
 			}
-			if wire.Flags(reply)&wire.FlagTC != 0 || s.reader.Truncated(i) {
-				s.u.forwardTCP(c) // the whole answer, over TCP, before the same deadline
-				continue
+			switch {
+			case c == nil:
+			case v == replyCaseChanged && c.probe:
+				c.finish(nil, errCaseChanged)
+			case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
+				s.u.cases.resends.Add(1)
+				s.u.sendUDP(c, time.Now())
+			case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline
+				c.unmix()
+				s.u.forwardTCP(c)
+			default: // an answer, TC set or not: a TC answer would not fit the client either
+				c.finish(reply, nil)
 			}
-			c.finish(reply, nil)
 		}
 	}
 }

@@ -1,20 +1,29 @@
 // Package upstream is the client side of the proxy: it forwards a query to
 // one upstream resolver and hands back only a reply that answers it.
 //
-// Every query goes out under a fresh random message ID; a reply is accepted
-// only if its ID, QR bit and question (name, type, class) match what was
-// sent, and anything else is ignored while the query keeps waiting until its
-// deadline, so a stray or spoofed datagram never reaches the client. UDP
-// queries share a fixed set of long-lived sockets, each on its own source
-// port, read and written in batches and demultiplexed by ID; a UDP reply
-// with TC set is fetched again over TCP. Over TCP, a few long-lived
-// connections carry many queries each, pipelined, and close when idle.
+// An off-path spoofer must guess everything RFC 5452 asks a resolver to
+// randomise: every query goes out under a fresh message ID and every UDP
+// query from a random source port, both from a cryptographic generator, and
+// the letters of a UDP query's name in a random case (DNS 0x20). A reply is
+// accepted only if its ID, QR bit and question (name, type, class) match
+// what was sent byte for byte, and anything else is ignored while the query
+// keeps waiting until its deadline, so a stray or spoofed datagram never
+// reaches the client. The caller gets its own ID and its own case back.
+//
+// UDP queries share a few sockets, read and written in batches and
+// demultiplexed by ID; each socket serves a bounded number of queries and
+// time, then a fresh socket on a fresh random port takes its place. A UDP
+// reply with TC set is handed back as it is (the proxy relays it and its
+// client comes back over TCP); only a datagram too large to read whole is
+// fetched again over TCP. Over TCP, a few long-lived connections carry many
+// queries each, pipelined, and close when idle.
 //
 // Forward never blocks. It reports the outcome of every query exactly once,
 // to the Result it was given: the reply, or why there is none (a deadline
 // passed, the network failed, the upstream was closed). Whoever takes a
 // query out of the table of queries in flight — the reader with its reply,
-// the sweeper at its deadline, Close — is the one that reports it.
+// the sweeper at its deadline, Close — is the one that reports it, or sends
+// it again and so files it in another table.
 package upstream
 
 import (
@@ -31,11 +40,14 @@ import (
 	"dnsproxi/internal/wire"
 )
 
-// Defaults for Config's zero fields.
+// Defaults for Config's zero fields. udpSlot says why sockets rotate at
+// these bounds.
 const (
-	DefaultTimeout    = 2 * time.Second
-	DefaultUDPSockets = 8
-	DefaultTCPIdle    = 10 * time.Second
+	DefaultTimeout        = 2 * time.Second
+	DefaultUDPSockets     = 8
+	DefaultSocketQueries  = 10000
+	DefaultSocketLifetime = time.Minute
+	DefaultTCPIdle        = 10 * time.Second
 )
 
 // Errors a query can end with; callers use errors.Is.
@@ -48,24 +60,53 @@ var (
 
 // Result receives the outcome of one query, exactly once: query is the
 // query as the client sent it, reply the upstream's answer with the client's
-// ID (nil with an error). Both are only valid until Result returns.
+// ID and its question in the client's case (nil with an error). Both are
+// only valid until Result returns.
 type Result func(query, reply []byte, err error)
 
 // Config sets where and how to forward. A zero field takes its default.
 type Config struct {
-	Addr       string        // upstream host:port
-	Timeout    time.Duration // deadline of one query, TC retry included (default 2s)
-	UDPSockets int           // long-lived UDP sockets, each its own source port (default 8)
-	TCPIdle    time.Duration // a TCP connection with nothing to read for this long is closed (default 10s)
+	Addr    string        // upstream host:port
+	Timeout time.Duration // deadline of one query, TCP retry and 0x20 re-send included (default 2s)
+
+	UDPSockets     int           // UDP sockets open at a time, each on its own random source port (default 8)
+	SocketQueries  int           // a UDP socket retires after this many queries (default 10,000)...
+	SocketLifetime time.Duration // ...or this long, whichever comes first (default 1m)
+
+	// Disable0x20 sends UDP queries with the name in the caller's case and
+	// compares a reply's name without regard to case. By default each
+	// letter's case is random and a reply must echo it exactly; an upstream
+	// found not to echo case is switched to the caller's case by itself.
+	Disable0x20 bool
+	// OnCaseFallback, if set, is called once, on a goroutine of its own,
+	// when this upstream is found not to echo case and 0x20 is switched
+	// off for it for the rest of the process (Stats().PlainCase).
+	OnCaseFallback func()
+
+	TCPIdle time.Duration // a TCP connection with nothing to read for this long is closed (default 10s)
+}
+
+// Stats counts what the upstream's defences against spoofing have seen
+// since New.
+type Stats struct {
+	CaseMismatches uint64 // replies with a waiting query's ID whose question came back in another case: ignored
+	CaseProbes     uint64 // queries sent by the upstream itself to learn whether it echoes case
+	CaseResends    uint64 // queries sent again in the caller's case, their reply having come in another case before 0x20 was switched off
+	PlainCase      bool   // 0x20 is off: the upstream was found not to echo case
+	Rotations      uint64 // UDP sockets replaced by a fresh one on a fresh random port
+	RotationErrors uint64 // replacements that could not be opened (the old socket served on)
 }
 
 // Upstream forwards queries to one resolver. It is safe for concurrent use.
 type Upstream struct {
 	cfg   Config
 	raddr *net.UDPAddr
-	socks []*udpSocket
+	socks []*udpSlot    // the UDP sockets, each replaced in its slot over time
 	next  atomic.Uint32 // round-robin over socks
 	tcp   *tcpConns
+	cases caseCheck
+
+	rotations, rotationErrors atomic.Uint64
 
 	stopSweep chan struct{}
 	sweeper   sync.WaitGroup
@@ -78,6 +119,9 @@ type Upstream struct {
 	_        [64]byte
 	answered atomic.Int64
 	_        [56]byte
+	bgMu     sync.Mutex
+	bg       sync.WaitGroup // callbacks on goroutines of their own
+	bgClosed bool
 }
 
 // New resolves cfg.Addr once and opens the UDP sockets.
@@ -88,6 +132,12 @@ func New(cfg Config) (*Upstream, error) {
 	if cfg.UDPSockets <= 0 {
 		cfg.UDPSockets = DefaultUDPSockets
 	}
+	if cfg.SocketQueries <= 0 {
+		cfg.SocketQueries = DefaultSocketQueries
+	}
+	if cfg.SocketLifetime <= 0 {
+		cfg.SocketLifetime = DefaultSocketLifetime
+	}
 	if cfg.TCPIdle <= 0 {
 		cfg.TCPIdle = DefaultTCPIdle
 	}
@@ -97,13 +147,17 @@ func New(cfg Config) (*Upstream, error) {
 	}
 	u := &Upstream{cfg: cfg, raddr: raddr, stopSweep: make(chan struct{}), epoch: time.Now()}
 	u.tcp = newTCPConns(u, raddr.String(), cfg.TCPIdle)
+	u.cases.plain.Store(cfg.Disable0x20)
+	now := time.Now()
 	for range cfg.UDPSockets {
-		s, err := dialUDP(u, raddr)
+		s, err := dialUDP(u, raddr, now)
 		if err != nil {
-			u.Close()
+			for _, sl := range u.socks {
+				sl.close()
+			}
 			return nil, fmt.Errorf("upstream %q: %w", cfg.Addr, err)
 		}
-		u.socks = append(u.socks, s)
+		u.socks = append(u.socks, newUDPSlot(u, s))
 	}
 	u.sweeper.Add(1)
 	go u.sweep()
@@ -117,16 +171,42 @@ func (u *Upstream) Close() error {
 	}
 	close(u.stopSweep)
 	u.sweeper.Wait()
-	for _, s := range u.socks {
-		s.close()
+	for _, sl := range u.socks {
+		sl.close()
 	}
 	u.tcp.close()
+	u.bgMu.Lock()
+	u.bgClosed = true
+	u.bgMu.Unlock()
+	u.bg.Wait()
 	return nil
+}
+
+// Stats returns the counts since New.
+func (u *Upstream) Stats() Stats {
+	return Stats{
+		CaseMismatches: u.cases.mismatches.Load(),
+		CaseProbes:     u.cases.probes.Load(),
+		CaseResends:    u.cases.resends.Load(),
+		PlainCase:      u.cases.plain.Load() && !u.cfg.Disable0x20,
+		Rotations:      u.rotations.Load(),
+		RotationErrors: u.rotationErrors.Load(),
+	}
+}
+
+// background runs fn on a goroutine of its own that Close waits for, unless
+// Close has begun.
+func (u *Upstream) background(fn func()) {
+	u.bgMu.Lock()
+	defer u.bgMu.Unlock()
+	if !u.bgClosed {
+		u.bg.Go(fn)
+	}
 }
 
 // Forward sends query (a packet with one question) over network ("udp" or
 // "tcp") and reports the outcome to done, exactly once, later or before it
-// returns. Over UDP a truncated reply is fetched again over TCP. query is
+// returns. Over UDP a reply with TC set is reported as it is. query is
 // copied: the caller may reuse it once Forward returns.
 func (u *Upstream) Forward(query []byte, network string, done Result) {
 	qend, ok := wire.QuestionEnd(query)
@@ -138,15 +218,34 @@ func (u *Upstream) Forward(query []byte, network string, done Result) {
 		done(query, nil, ErrClosed)
 		return
 	}
-	c := newCall(u, query, qend, done, time.Now().Add(u.cfg.Timeout))
+	now := time.Now()
+	c := newCall(u, query, qend, done, now.Add(u.cfg.Timeout))
 	if network == "tcp" {
 		u.forwardTCP(c)
 		return
 	}
-	s := u.socks[int(u.next.Add(1))%len(u.socks)]
-	if err := s.send(c); err != nil {
-		c.finish(nil, err)
+	u.sendUDP(c, now)
+}
+
+// sendUDP sends c on the next UDP socket, or reports why it cannot.
+func (u *Upstream) sendUDP(c *call, now time.Time) {
+	sl := u.socks[u.next.Add(1)%uint32(len(u.socks))] // unsigned: never negative, on 32 bits too
+	mix := !u.cases.plain.Load()
+	for range 4 { // a socket retired since it was loaded: its successor is in place
+		s := sl.cur.Load()
+		rotate, err := s.send(c, mix, now)
+		if rotate {
+			sl.rotate(s, now)
+		}
+		if errors.Is(err, errRetired) {
+			continue
+		}
+		if err != nil {
+			c.finish(nil, err)
+		}
+		return
 	}
+	c.finish(nil, ErrBusy)
 }
 
 // forwardTCP sends the query over one of the pipelined TCP connections.
@@ -216,12 +315,16 @@ func (u *Upstream) Exchange(ctx context.Context, req *dns.Msg, network string) (
 // call is one query in flight.
 type call struct {
 	u        *Upstream
-	wire     []byte // the query as sent, under the upstream ID while it is out
+	wire     []byte // the query as sent, under the upstream ID and case while it is out
+	name     []byte // the question's name as the caller wrote it
 	clientID uint16
 	qend     int // wire[12:qend] is the question
 	deadline time.Time
 	done     Result
 	retried  bool // sent again after its TCP connection failed
+	mixed    bool // the name went out in a random case (0x20): a reply must echo it
+	suspect  bool // a reply in another case came for this send
+	probe    bool // asked by the upstream itself, to learn whether it echoes case
 }
 
 var calls = sync.Pool{New: func() any { return new(call) }}
@@ -230,29 +333,35 @@ func newCall(u *Upstream, query []byte, qend int, done Result, deadline time.Tim
 	c := calls.Get().(*call)
 	c.u = u
 	c.wire = append(c.wire[:0], query...)
-	c.clientID, c.qend, c.deadline, c.done, c.retried = wire.ID(query), qend, deadline, done, false
+	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
+	c.clientID, c.qend, c.deadline, c.done = wire.ID(query), qend, deadline, done
+	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
 }
 
-// finish reports the outcome and recycles the call. reply, if any, gets the
-// client's ID. Only the one who took c out of the table calls it.
+// unmix puts the name back in the caller's case, to go out that way.
+func (c *call) unmix() {
+	copy(c.wire[wire.HeaderLen:], c.name)
+	c.mixed = false
+}
+
+// finish reports the outcome and recycles the call. The query, and reply if
+// any, get the client's ID and the client's case back (in the reply: the
+// question, which is the query's but for case or it would not have been
+// taken, and the owner names that repeat it). Only the one who took c out
+// of the table calls it.
 func (c *call) finish(reply []byte, err error) {
-	wire.SetID(c.wire, c.clientID)
 	if reply != nil {
+		if c.mixed {
+			restoreOwners(reply, c.qend, c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], c.name)
+		}
 		c.u.markAnswered() // before done: the upstream answered in time
 		wire.SetID(reply, c.clientID)
+		copy(reply[wire.HeaderLen:], c.name)
 	}
+	wire.SetID(c.wire, c.clientID)
+	copy(c.wire[wire.HeaderLen:], c.name)
 	c.done(c.wire, reply, err)
 	c.done = nil
 	calls.Put(c)
-}
-
-// answers reports whether reply answers the query c sent: the same ID, QR
-// set, one question, and that question the same as the query's.
-func (c *call) answers(reply []byte) bool {
-	if len(reply) < c.qend || wire.ID(reply) != wire.ID(c.wire) || wire.Flags(reply)&wire.FlagQR == 0 {
-		return false
-	}
-	qd, _, _, _ := wire.Counts(reply)
-	return qd == 1 && wire.EqualQuestion(reply[wire.HeaderLen:c.qend], c.wire[wire.HeaderLen:c.qend])
 }

@@ -2,10 +2,10 @@ package upstream
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,7 +23,8 @@ type testServer struct {
 
 	mu       sync.Mutex
 	ids      []uint16
-	ports    map[int]bool
+	names    []string    // question names as they arrived
+	ports    map[int]int // queries from each source port
 	accepted int
 }
 
@@ -44,7 +45,7 @@ func newTestServer(t *testing.T, respond func(req *dns.Msg, tcp bool) []*dns.Msg
 			}
 		}
 	}
-	s := &testServer{udp: udp, tcp: tcp, respond: respond, ports: map[int]bool{}}
+	s := &testServer{udp: udp, tcp: tcp, respond: respond, ports: map[int]int{}}
 	var wg sync.WaitGroup
 	wg.Go(s.serveUDP)
 	wg.Go(s.serveTCP)
@@ -58,7 +59,10 @@ func (s *testServer) saw(req *dns.Msg, port int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ids = append(s.ids, req.Id)
-	s.ports[port] = true
+	if len(req.Question) == 1 {
+		s.names = append(s.names, req.Question[0].Name)
+	}
+	s.ports[port]++
 }
 
 func (s *testServer) serveUDP() {
@@ -151,21 +155,24 @@ func TestExchangeRandomIDsRestoredOnReturn(t *testing.T) {
 	}
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	distinct := map[uint16]bool{}
+	distinct := map[uint16]int{}
 	for _, id := range srv.ids {
-		distinct[id] = true
+		distinct[id]++
 	}
 	if len(distinct) < 90 {
 		t.Errorf("100 queries went out under %d distinct IDs: not random", len(distinct))
 	}
-	if distinct[4242] && len(distinct) < 100 {
-		t.Errorf("the client's ID went upstream")
+	if distinct[4242] > 1 { // once is chance (100 in 65,536); twice is one in a million
+		t.Errorf("the client's ID went upstream %d times of 100", distinct[4242])
 	}
-	if len(srv.ports) > 4 {
-		t.Errorf("100 queries came from %d source ports, want at most the 4 shared sockets", len(srv.ports))
+	if len(srv.ports) != 4 { // 25 queries each, far below a socket's bound
+		t.Errorf("100 queries came from %d source ports, want the 4 sockets", len(srv.ports))
 	}
 }
 
+// Replies that do not match are skipped; the first that does is the
+// answer. A name whose case changed on the way matches only where 0x20 is
+// not in use: with 0x20 off, and over TCP.
 func TestExchangeIgnoresRepliesThatDoNotMatch(t *testing.T) {
 	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
 		wrongID := answer(req)
@@ -176,19 +183,34 @@ func TestExchangeIgnoresRepliesThatDoNotMatch(t *testing.T) {
 		wrongType.Question[0].Qtype = dns.TypeAAAA
 		notReply := answer(req)
 		notReply.Response = false
-		right := answer(req)
-		right.Question[0].Name = "A.EXAMPLE." // case may change on the way: still the same name
-		return []*dns.Msg{wrongID, wrongName, wrongType, notReply, right, answer(req)}
+		caseChanged := answer(req)
+		caseChanged.Question[0].Name = flipCase(req.Question[0].Name)
+		caseChanged.Answer[0].(*dns.A).A = net.IPv4(192, 0, 2, 2)
+		return []*dns.Msg{wrongID, wrongName, wrongType, notReply, caseChanged, answer(req)}
 	})
-	u := newUpstream(t, Config{Addr: srv.addr()})
-	for _, network := range []string{"udp", "tcp"} {
-		r, err := u.Exchange(context.Background(), q("a.example."), network)
-		if err != nil {
-			t.Fatalf("%s: %v", network, err)
-		}
-		if r.Question[0].Name != "A.EXAMPLE." || r.Question[0].Qtype != dns.TypeA {
-			t.Fatalf("%s: accepted %v, want the first matching reply", network, r.Question[0])
-		}
+	for _, tt := range []struct {
+		name    string
+		network string
+		no0x20  bool
+		want    net.IP
+	}{
+		{"udp with 0x20: the exact reply", "udp", false, net.IPv4(192, 0, 2, 1)},
+		{"udp without 0x20: the case-changed reply", "udp", true, net.IPv4(192, 0, 2, 2)},
+		{"tcp: the case-changed reply", "tcp", false, net.IPv4(192, 0, 2, 2)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			u := newUpstream(t, Config{Addr: srv.addr(), Disable0x20: tt.no0x20})
+			r, err := u.Exchange(context.Background(), q("a.example."), tt.network)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Question[0].Name != "a.example." || r.Question[0].Qtype != dns.TypeA {
+				t.Fatalf("accepted %v, want a.example. A in the caller's case", r.Question[0])
+			}
+			if got := r.Answer[0].(*dns.A).A; !got.Equal(tt.want) {
+				t.Fatalf("accepted the reply with %v, want the one with %v", got, tt.want)
+			}
+		})
 	}
 }
 
@@ -209,29 +231,6 @@ func TestExchangeTimeoutAndCancel(t *testing.T) {
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Errorf("cancel took %v", time.Since(start))
-	}
-}
-
-func TestExchangeTruncatedRetriesOverTCP(t *testing.T) {
-	srv := newTestServer(t, func(req *dns.Msg, tcp bool) []*dns.Msg {
-		m := answer(req)
-		if !tcp {
-			m.Answer, m.Truncated = nil, true
-		}
-		return []*dns.Msg{m}
-	})
-	u := newUpstream(t, Config{Addr: srv.addr()})
-	r, err := u.Exchange(context.Background(), q("a.example."), "udp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Truncated || len(r.Answer) != 1 {
-		t.Fatalf("TC=%v with %d answers, want the full answer over TCP", r.Truncated, len(r.Answer))
-	}
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if srv.accepted != 1 {
-		t.Fatalf("%d TCP connections, want 1 for the retry", srv.accepted)
 	}
 }
 
@@ -298,60 +297,111 @@ func TestConcurrentExchangesOnSharedSockets(t *testing.T) {
 }
 
 // Every query Forward takes is reported exactly once, whichever way it ends:
-// answered, answered twice, never answered (the sweeper), or cut off by Close.
+// answered, answered twice, never answered (the sweeper), cut off by Close,
+// on a socket that retired while it waited, or sent again in the caller's
+// case once the upstream is found not to echo case. done gets the query as
+// the caller sent it, ID and case.
 func TestForwardReportsExactlyOnce(t *testing.T) {
-	var mu sync.Mutex
-	n := 0
-	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
-		mu.Lock()
-		defer mu.Unlock()
-		n++
-		switch n % 3 {
-		case 0:
-			return nil // never answered
-		case 1:
-			return []*dns.Msg{answer(req), answer(req)} // answered twice
-		}
-		return []*dns.Msg{answer(req)}
-	})
-	u, err := New(Config{Addr: srv.addr(), Timeout: 30 * time.Millisecond, UDPSockets: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const queries = 300
-	reports := make([]atomic.Int32, queries)
-	var all sync.WaitGroup
-	all.Add(queries)
-	for i := range queries {
-		m := q(dns.Fqdn(fmt.Sprintf("n%d.example", i)))
-		m.Id = uint16(i)
-		b, _ := m.Pack()
-		network := "udp"
-		if i%10 == 0 {
-			network = "tcp"
-		}
-		u.Forward(b, network, func(query, _ []byte, _ error) {
-			id := binary.BigEndian.Uint16(query)
-			if reports[id].Add(1) == 1 {
-				all.Done()
+	for _, tt := range []struct {
+		name       string
+		changeCase bool // the upstream answers with the name in lower case
+	}{
+		{"echoing upstream, rotating sockets", false},
+		{"upstream that does not echo case, rotating sockets", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			seen := map[string]bool{}
+			srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
+				m := answer(req)
+				if tt.changeCase {
+					m.Question[0].Name = strings.ToLower(m.Question[0].Name)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				name := strings.ToLower(req.Question[0].Name)
+				if seen[name] { // a probe or a query sent again: answered, so that the fallback happens
+					return []*dns.Msg{m}
+				}
+				seen[name] = true
+				n++
+				switch n % 3 {
+				case 0:
+					return nil // never answered
+				case 1:
+					return []*dns.Msg{m, m} // answered twice
+				}
+				return []*dns.Msg{m}
+			})
+			fellBack := make(chan struct{})
+			var once sync.Once
+			u, err := New(Config{Addr: srv.addr(), Timeout: 200 * time.Millisecond, UDPSockets: 2, SocketQueries: 7,
+				OnCaseFallback: func() { once.Do(func() { close(fellBack) }) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const queries = 300
+			reports := make([]atomic.Int32, queries)
+			var reported, timedOut atomic.Int32
+			someReported, someTimedOut := make(chan struct{}), make(chan struct{})
+			var wrongQuery atomic.Pointer[string]
+			for i := range queries {
+				m := q(dns.Fqdn(fmt.Sprintf("N%d.Example", i)))
+				m.Id = uint16(i)
+				b, _ := m.Pack()
+				sent := string(b)
+				network := "udp"
+				if i%10 == 0 {
+					network = "tcp"
+				}
+				u.Forward(b, network, func(query, _ []byte, err error) {
+					if string(query) != sent {
+						got := fmt.Sprintf("query %d came back as %x, want %x", i, query, sent)
+						wrongQuery.Store(&got)
+					}
+					reports[i].Add(1)
+					if reported.Add(1) == queries/3 {
+						close(someReported)
+					}
+					if errors.Is(err, ErrTimeout) && timedOut.Add(1) == 1 {
+						close(someTimedOut)
+					}
+				})
+				if i == queries*2/3 { // let some finish, some expire, 0x20 fall back; leave others in flight for Close
+					waitFor(t, someReported, "a third of the queries reported")
+					waitFor(t, someTimedOut, "a query expired")
+					if tt.changeCase {
+						waitFor(t, fellBack, "the fallback to plain case")
+					}
+				}
+			}
+			u.Close() // it has returned: every report has happened
+			for i := range reports {
+				if got := reports[i].Load(); got != 1 {
+					t.Errorf("query %d reported %d times", i, got)
+				}
+			}
+			if p := wrongQuery.Load(); p != nil {
+				t.Error(*p)
+			}
+			st := u.Stats()
+			if st.Rotations == 0 {
+				t.Errorf("no socket rotated: %+v", st)
+			}
+			if st.PlainCase != tt.changeCase || (st.CaseResends > 0) != tt.changeCase {
+				t.Errorf("PlainCase %v with %d queries sent again, want %v: %+v", st.PlainCase, st.CaseResends, tt.changeCase, st)
 			}
 		})
-		if i == queries*2/3 {
-			time.Sleep(10 * time.Millisecond) // let some finish, leave others in flight for Close
-		}
 	}
-	u.Close()
-	waited := make(chan struct{})
-	go func() { all.Wait(); close(waited) }()
+}
+
+// waitFor waits for ch to close, failing the test after 5 seconds.
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
 	select {
-	case <-waited:
+	case <-ch:
 	case <-time.After(5 * time.Second):
-		t.Fatal("some queries were never reported")
-	}
-	time.Sleep(50 * time.Millisecond) // a second report, if there were one, would come now
-	for i := range reports {
-		if got := reports[i].Load(); got != 1 {
-			t.Errorf("query %d reported %d times", i, got)
-		}
+		t.Fatalf("waited 5s for %s", what)
 	}
 }
