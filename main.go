@@ -15,6 +15,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -127,6 +128,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		Addr:        cfg.Upstream,
 		Timeout:     cfg.UpstreamTimeout,
 		Disable0x20: !cfg.Upstream0x20,
+		AvoidPorts:  ownPorts(cfg),
 		OnCaseFallback: func() {
 			log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
 				"upstream", cfg.Upstream)
@@ -236,4 +238,16 @@ func (a *app) shutdown(ctx context.Context) error {
 	}
 	a.upstream.Close()
 	return err
+}
+
+// ownPorts are the ports the proxy listens on, which its upstream sockets
+// must not take as source ports before the listeners bind them.
+func ownPorts(cfg Config) []uint16 {
+	var ports []uint16
+	for _, addr := range []string{cfg.Listen, cfg.MetricsAddr} {
+		if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Port() != 0 {
+			ports = append(ports, ap.Port())
+		}
+	}
+	return ports
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -53,7 +54,7 @@ const replyBufSize = 8192
 
 // dialUDP opens a socket to raddr on a random source port.
 func dialUDP(u *Upstream, raddr *net.UDPAddr, now time.Time) (*udpSocket, error) {
-	conn, err := listenRandomPort(raddr)
+	conn, err := listenRandomPort(raddr, u.cfg.AvoidPorts)
 	if err != nil {
 		return nil, err
 	}
@@ -78,10 +79,13 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr, now time.Time) (*udpSocket, error)
 // listenRandomPort binds a source port drawn from crypto/rand and connects
 // to raddr. The kernel's own choice would come from its ephemeral range
 // (28,232 ports on Linux) in a sequence some kernels make guessable.
-func listenRandomPort(raddr *net.UDPAddr) (*net.UDPConn, error) {
-	var err error
+func listenRandomPort(raddr *net.UDPAddr, avoid []uint16) (*net.UDPConn, error) {
+	var err error = syscall.EADDRINUSE // if every draw was a port to avoid
 	for range portTries {
 		port := minPort + int(cryptoUint64()%(65536-minPort))
+		if slices.Contains(avoid, uint16(port)) {
+			continue
+		}
 		var conn *net.UDPConn
 		if conn, err = net.DialUDP("udp", &net.UDPAddr{Port: port}, raddr); err == nil {
 			return conn, nil

@@ -72,6 +72,9 @@ type Config struct {
 	UDPSockets     int           // UDP sockets open at a time, each on its own random source port (default 8)
 	SocketQueries  int           // a UDP socket retires after this many queries (default 10,000)...
 	SocketLifetime time.Duration // ...or this long, whichever comes first (default 1m)
+	// AvoidPorts are never drawn as source ports: the process's own
+	// listening ports, which a source port taken first would keep from binding.
+	AvoidPorts []uint16
 
 	// Disable0x20 sends UDP queries with the name in the caller's case and
 	// compares a reply's name without regard to case. By default each
