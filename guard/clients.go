@@ -124,7 +124,7 @@ func newClientLimiter(cfg ClientLimiterConfig, c Clock, shards, ways int) *Clien
 	if cfg.TableSize == 0 {
 		cfg.TableSize = 100_000
 	}
-	interval := int64(max(1, math.Ceil(float64(time.Second)/cfg.Rate)))
+	interval := max(1, math.Ceil(float64(time.Second)/cfg.Rate)) // converted once known to fit
 	switch {
 	case cfg.Burst < 1:
 		panic(fmt.Sprintf("guard: client burst must be >= 1, got %d", cfg.Burst))
@@ -134,7 +134,7 @@ func newClientLimiter(cfg ClientLimiterConfig, c Clock, shards, ways int) *Clien
 		panic(fmt.Sprintf("guard: client IPv6 prefix length must be 1..128 or ZeroBits, got %d", cfg.V6Len))
 	case cfg.TableSize < 1:
 		panic(fmt.Sprintf("guard: client table size must be >= 1, got %d", cfg.TableSize))
-	case float64(cfg.Burst)*float64(interval) > float64(maxBucketSpan):
+	case float64(cfg.Burst)*interval > float64(maxBucketSpan):
 		panic(fmt.Sprintf("guard: client burst/rate must refill within %v, got %d/%v", maxBucketSpan, cfg.Burst, cfg.Rate))
 	}
 	if c == nil {
@@ -145,8 +145,8 @@ func newClientLimiter(cfg ClientLimiterConfig, c Clock, shards, ways int) *Clien
 		seed:      maphash.MakeSeed(),
 		mask4:     v4Mask(max(cfg.V4Len, 0)),
 		mask6:     v6Mask(max(cfg.V6Len, 0)),
-		interval:  interval,
-		tolerance: int64(cfg.Burst-1) * interval,
+		interval:  int64(interval),
+		tolerance: int64(cfg.Burst-1) * int64(interval),
 		epoch:     c.Now(),
 		clock:     c,
 		real:      real,

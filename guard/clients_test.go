@@ -207,9 +207,10 @@ func TestClientLimiterSourceFlood(t *testing.T) {
 		// most burst + rate × elapsed
 		bound     int
 		evictions bool // the flood must have recycled slots
+		overflow  bool // every flood query must have gone to the overflow bucket
 	}{
-		{"table full of busy prefixes: the flood shares one bucket", size, 1 * (burst + rate), false},
-		{"one heavy prefix, the flood cycles through the rest", 1, size * (burst + rate), true},
+		{"table full of busy prefixes: the flood shares one bucket", size, 1 * (burst + rate), false, true},
+		{"one heavy prefix, the flood cycles through the rest", 1, size * (burst + rate), true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestClientLimiterSourceFlood(t *testing.T) {
 				addr := netip.AddrFrom4([4]byte{127, 200, byte(i >> 8), byte(i)})
 				before := l.Len()
 				if !l.Allow(addr) {
-					continue // a full shard sent it to the overflow bucket, now empty
+					continue // its groups were full: the overflow bucket, now empty
 				}
 				if l.Len() == before {
 					continue
@@ -235,7 +236,7 @@ func TestClientLimiterSourceFlood(t *testing.T) {
 			if len(heavy) != tt.heavy || l.Len() != tt.heavy {
 				t.Fatalf("filled %d heavy prefixes (Len %d), want %d", len(heavy), l.Len(), tt.heavy)
 			}
-			evictionsBefore := l.Evictions()
+			evictionsBefore, overflowsBefore := l.Evictions(), l.Overflows()
 
 			admitted := 0
 			for i := range sources {
@@ -248,6 +249,8 @@ func TestClientLimiterSourceFlood(t *testing.T) {
 				}
 			}
 			elapsed := clock.Now().Sub(t0)
+			t.Logf("the flood got %d of %d through in %v; %d evictions, %d overflows", admitted, sources, elapsed,
+				l.Evictions()-evictionsBefore, l.Overflows()-overflowsBefore)
 			if admitted > tt.bound {
 				t.Errorf("the flood got %d queries through in %v, want at most %d", admitted, elapsed, tt.bound)
 			}
@@ -257,8 +260,11 @@ func TestClientLimiterSourceFlood(t *testing.T) {
 			if got := l.Evictions() > evictionsBefore; got != tt.evictions {
 				t.Errorf("evictions during the flood: %v (%d), want %v", got, l.Evictions()-evictionsBefore, tt.evictions)
 			}
-			// Each heavy prefix spent 20 tokens at t0 and earned 10 in 1 s:
-			// exactly 10 now. A bucket reset by an eviction would give 20.
+			if got := l.Overflows() - overflowsBefore; tt.overflow && got != sources {
+				t.Errorf("%d flood queries went to the overflow bucket, want all %d", got, sources)
+			}
+			// Each heavy prefix spent its 20 tokens at t0 and has earned
+			// rate × elapsed since: 9 at 0.999 s. A reset bucket would give 20.
 			want := int(rate * elapsed.Seconds())
 			for _, addr := range heavy {
 				got := 0
@@ -502,6 +508,7 @@ func TestNewClientLimiterRejects(t *testing.T) {
 		{"IPv6 length 129", ClientLimiterConfig{Rate: 1, V6Len: 129}},
 		{"negative table size", ClientLimiterConfig{Rate: 1, TableSize: -1}},
 		{"burst/rate beyond a century", ClientLimiterConfig{Rate: 1e-9, Burst: 100}},
+		{"one token per 30,000 years", ClientLimiterConfig{Rate: 1e-12, Burst: 1}},
 		{"an invalid exempt prefix", ClientLimiterConfig{Rate: 1, Exempt: []netip.Prefix{{}}}},
 	}
 	for _, tt := range tests {
