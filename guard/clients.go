@@ -180,7 +180,21 @@ func (l *ClientLimiter) Allow(addr netip.Addr) bool {
 	if l.exempt.Contains(addr) {
 		return true
 	}
-	now := l.now() // read outside the lock: the clock can be the slow part
+	return l.allow(addr, l.now())
+}
+
+// AllowAt is Allow with the clock read by the caller, who may read it once
+// for a batch of queries. A reading older than one already applied is
+// handled as a stale one: it finds fewer tokens and changes nothing back.
+func (l *ClientLimiter) AllowAt(now time.Time, addr netip.Addr) bool {
+	if l.exempt.Contains(addr) {
+		return true
+	}
+	return l.allow(addr, clampReading(now.Sub(l.epoch)))
+}
+
+// allow is Allow at a reading in nanoseconds since the epoch.
+func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
 	k, ok := l.keyOf(addr)
 	if !ok {
 		l.shards[0].overflows.Add(1)
@@ -241,15 +255,17 @@ func (l *ClientLimiter) admit(tat, now int64) (int64, bool) {
 	return max(tat, now) + l.interval, true
 }
 
-// now is the clock's reading in nanoseconds since the limiter was built,
-// clamped to ±2^61 ns (±73 years) so that tat arithmetic cannot overflow.
+// now reads the clock outside any lock (the clock can be the slow part).
 func (l *ClientLimiter) now() int64 {
-	var d time.Duration
 	if l.real {
-		d = time.Since(l.epoch) // the monotonic clock: never steps back
-	} else {
-		d = l.clock.Now().Sub(l.epoch)
+		return clampReading(time.Since(l.epoch)) // the monotonic clock: never steps back
 	}
+	return clampReading(l.clock.Now().Sub(l.epoch))
+}
+
+// clampReading turns a reading since the epoch into nanoseconds, clamped to
+// ±2^61 (±73 years) so that tat arithmetic cannot overflow.
+func clampReading(d time.Duration) int64 {
 	return min(max(int64(d), -1<<61), 1<<61)
 }
 

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // benchClientTableSize is the default table size, filled in every benchmark.
@@ -92,6 +93,18 @@ func BenchmarkClientLimiter(b *testing.B) {
 				}
 			}
 		})
+	})
+	b.Run("serial-at", func(b *testing.B) {
+		// The clock read once for many queries, as for one batch of datagrams.
+		now := time.Now()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			full.AllowAt(now, held[i])
+			if i++; i == len(held) {
+				i = 0
+			}
+		}
 	})
 	b.Run("token-bucket", func(b *testing.B) {
 		tb := NewTokenBucket(fastRate, 1<<20, RealClock{})
