@@ -513,6 +513,36 @@ func TestNewClientLimiterDefaultsAndEdges(t *testing.T) {
 	}
 }
 
+// TestClientLimiterTableSize offers ten times as many busy prefixes as the
+// table holds: Len stops at the size, rounded down to whole groups of 8.
+func TestClientLimiterTableSize(t *testing.T) {
+	tests := []struct{ size, want int }{{1, 1}, {7, 7}, {8, 8}, {9, 8}, {100, 96}, {1000, 1000}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.size), func(t *testing.T) {
+			l, _ := newTestClientLimiter(t, ClientLimiterConfig{Rate: 1, Burst: 1, TableSize: tt.size}, defaultClientShards)
+			for i := range 10 * tt.size {
+				l.Allow(netip.AddrFrom4([4]byte{127, 0, byte(i >> 8), byte(i)}))
+			}
+			if got := l.Len(); got != tt.want {
+				t.Fatalf("Len = %d, want %d", got, tt.want)
+			}
+			if l.Evictions() != 0 {
+				t.Fatalf("%d evictions of busy buckets", l.Evictions())
+			}
+		})
+	}
+}
+
+func TestClientLimiterZeroAddrSharesOverflow(t *testing.T) {
+	l, _ := newTestClientLimiter(t, ClientLimiterConfig{Rate: 1, Burst: 1}, defaultClientShards)
+	if !l.Allow(netip.Addr{}) || l.Allow(netip.Addr{}) {
+		t.Fatal("the zero Addr did not get exactly the overflow bucket's one token")
+	}
+	if l.Len() != 0 || l.Overflows() != 2 {
+		t.Fatalf("Len %d, Overflows %d; want 0 and 2", l.Len(), l.Overflows())
+	}
+}
+
 func TestNewClientLimiterRejects(t *testing.T) {
 	tests := []struct {
 		name string
