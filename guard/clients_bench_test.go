@@ -1,0 +1,192 @@
+package guard
+
+// The per-client table measured with 100,000 prefixes in it, beside
+// TokenBucket.Allow (one bucket, no table) in the same run, so the price of
+// the table is the difference.
+
+import (
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchClientTableSize is the default table size, filled in every benchmark.
+const benchClientTableSize = 100_000
+
+// benchClientAddr returns the i-th distinct client: three in four IPv4 hosts
+// in 127.0.0.0/8, one in four IPv6 /64 networks in 2001:db8::/32.
+func benchClientAddr(i int) netip.Addr {
+	if i%4 == 3 {
+		var b [16]byte
+		b[0], b[1], b[2], b[3] = 0x20, 0x01, 0x0d, 0xb8
+		b[4], b[5], b[6], b[7] = byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
+		b[15] = 1
+		return netip.AddrFrom16(b)
+	}
+	return netip.AddrFrom4([4]byte{127, byte(i >> 16), byte(i >> 8), byte(i)})
+}
+
+// fillClientLimiter asks once for distinct clients until every slot of l is
+// taken, and returns the clients that then hold a slot.
+func fillClientLimiter(tb testing.TB, l *ClientLimiter) []netip.Addr {
+	tb.Helper()
+	size := l.Config().TableSize
+	var asked []netip.Addr
+	for i := 0; l.Len() < size; i++ {
+		if i == 4*size {
+			tb.Fatalf("%d clients asked, the table holds %d of %d", i, l.Len(), size)
+		}
+		asked = append(asked, benchClientAddr(i))
+		l.Allow(asked[i])
+	}
+	held := asked[:0]
+	for _, addr := range asked {
+		if l.holds(addr) {
+			held = append(held, addr)
+		}
+	}
+	if len(held) != size {
+		tb.Fatalf("%d clients hold a slot, want %d", len(held), size)
+	}
+	return held
+}
+
+// holds reports whether addr's prefix has a slot in the table.
+func (l *ClientLimiter) holds(addr netip.Addr) bool {
+	k, _ := l.keyOf(addr)
+	s, hash := l.shardOf(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first1, first2 := s.groupsOf(hash)
+	return s.scan(first1, k, 0).found >= 0 || s.scan(first2, k, 0).found >= 0
+}
+
+func BenchmarkClientLimiter(b *testing.B) {
+	// A rate so high that buckets are full again within a nanosecond: every
+	// call is admitted and every new prefix finds a bucket to evict.
+	const fastRate = 1e12
+
+	full := NewClientLimiter(ClientLimiterConfig{Rate: fastRate, Burst: 1 << 20}, RealClock{})
+	held := fillClientLimiter(b, full)
+
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			full.Allow(held[i])
+			if i++; i == len(held) {
+				i = 0
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		var goroutines atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(goroutines.Add(1)) * (len(held) / 16) % len(held) // each starts elsewhere
+			for pb.Next() {
+				full.Allow(held[i])
+				if i++; i == len(held) {
+					i = 0
+				}
+			}
+		})
+	})
+	b.Run("serial-at", func(b *testing.B) {
+		// The clock read once for many queries, as for one batch of datagrams.
+		now := time.Now()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			full.AllowAt(now, held[i])
+			if i++; i == len(held) {
+				i = 0
+			}
+		}
+	})
+	b.Run("token-bucket", func(b *testing.B) {
+		tb := NewTokenBucket(fastRate, 1<<20, RealClock{})
+		b.ReportAllocs()
+		for b.Loop() {
+			tb.Allow(1)
+		}
+	})
+	b.Run("token-bucket-parallel", func(b *testing.B) {
+		tb := NewTokenBucket(fastRate, 1<<20, RealClock{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				tb.Allow(1)
+			}
+		})
+	})
+	b.Run("one-prefix", func(b *testing.B) {
+		addr := held[0]
+		b.ReportAllocs()
+		for b.Loop() {
+			full.Allow(addr)
+		}
+	})
+	b.Run("new-prefix-evicts", func(b *testing.B) {
+		i := 1 << 24 // clients never asked before
+		b.ReportAllocs()
+		for b.Loop() {
+			full.Allow(benchClientAddr(i))
+			i++
+		}
+	})
+	b.Run("new-prefix-overflows", func(b *testing.B) {
+		// Slow buckets stay busy for an hour: every new prefix overflows.
+		busy := NewClientLimiter(ClientLimiterConfig{Rate: 1.0 / 3600, Burst: 1}, RealClock{})
+		fillClientLimiter(b, busy)
+		i := 1 << 24
+		b.ReportAllocs()
+		for b.Loop() {
+			busy.Allow(benchClientAddr(i))
+			i++
+		}
+	})
+	b.Run("exempt", func(b *testing.B) {
+		l := NewClientLimiter(ClientLimiterConfig{Rate: fastRate, Exempt: []netip.Prefix{
+			netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.0/8"),
+		}}, RealClock{})
+		addr := netip.MustParseAddr("127.0.0.1")
+		b.ReportAllocs()
+		for b.Loop() {
+			l.Allow(addr)
+		}
+	})
+}
+
+// BenchmarkClientLimiterMemory reports the heap a full table of 100,000
+// prefixes takes, per prefix: the table's memory bound.
+func BenchmarkClientLimiterMemory(b *testing.B) {
+	var perEntry float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		l := NewClientLimiter(ClientLimiterConfig{Rate: 10}, RealClock{})
+		fillClientLimiter(b, l)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perEntry = float64(after.HeapAlloc-before.HeapAlloc) / benchClientTableSize
+		runtime.KeepAlive(l)
+	}
+	b.ReportMetric(perEntry, "B/entry")
+}
+
+func BenchmarkAccessListContains(b *testing.B) {
+	acl := DefaultAccessList()
+	for _, s := range []string{"192.168.1.1", "192.0.2.1", "fd00::1", "2001:db8::1"} {
+		addr := netip.MustParseAddr(s)
+		b.Run(s, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				acl.Contains(addr)
+			}
+		})
+	}
+}
