@@ -9,7 +9,14 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
+
+// maxTCPQuery is the largest query read over TCP: the same as over UDP,
+// since a query needs no more. A longer length closes the connection before
+// its body is read, so a client cannot make the server hold 64 KiB a query.
+const maxTCPQuery = udpBufSize
 
 func (s *Server) serveTCP() {
 	defer s.wg.Done()
@@ -73,9 +80,10 @@ func (s *Server) serveConn(c *net.TCPConn) {
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
 			return
 		}
-		n := binary.BigEndian.Uint16(lenBuf[:])
-		if n < 12 {
-			return // not even a header: the stream cannot be trusted any more
+		n := int(binary.BigEndian.Uint16(lenBuf[:]))
+		if n < wire.HeaderLen || n > maxTCPQuery {
+			s.dropped("malformed") // the body is never read: the stream cannot be trusted any more
+			return
 		}
 		pkt := make([]byte, n)
 		if _, err := io.ReadFull(c, pkt); err != nil {
