@@ -111,12 +111,18 @@ type Server struct {
 	tcpSlots chan struct{} // one token per open TCP connection
 	closing  atomic.Bool
 	wg       sync.WaitGroup // readers, connections and their writers
+	drained  atomic.Bool    // Shutdown has stopped every reader and waits for the last answer
+	idle     chan struct{}  // closed by the answer that brings pending to zero once drained
+	idleOnce sync.Once
 
 	mu    sync.Mutex
 	conns map[*clientConn]struct{}
 
-	// Test seam, zero outside tests.
+	// Test seams, nil or zero outside tests.
 	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout
+	beforeArm       func()        // a connection's reader is about to arm its idle deadline
+	afterWake       func()        // Shutdown has woken every connection's reader
+	beforeIdle      func()        // Shutdown waits for the last answer
 }
 
 // Start binds UDP and TCP on s.Addr and serves in the background. It returns
@@ -169,6 +175,7 @@ func (s *Server) setDefaults() {
 	}
 	s.tcpSlots = make(chan struct{}, s.MaxTCPConns)
 	s.conns = make(map[*clientConn]struct{})
+	s.idle = make(chan struct{})
 }
 
 // listen binds the UDP sockets, then TCP on the same port. With port 0 the
@@ -215,23 +222,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	for cc := range s.conns {
-		cc.conn.SetReadDeadline(time.Now())
+		cc.conn.SetReadDeadline(time.Now()) // its reader checks closing after arming its own
 	}
 	s.mu.Unlock()
-
-	var err error
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
+	if s.afterWake != nil {
+		s.afterWake()
 	}
-	for err == nil && s.pending.Load() > 0 { // queries answered later, by the handler
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+
+	stopped := make(chan struct{})
+	go func() { s.wg.Wait(); close(stopped) }() // TCP readers stop once their answers are written
+	err := waitOrDone(ctx, stopped)
+	if err == nil {
+		// No reader takes a query any more: pending only falls, and the
+		// answer that brings it to zero closes idle.
+		s.drained.Store(true)
+		if s.pending.Load() > 0 {
+			if s.beforeIdle != nil {
+				s.beforeIdle()
+			}
+			err = waitOrDone(ctx, s.idle)
 		}
 	}
 	for _, u := range s.udp {
@@ -249,8 +258,24 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// finished counts n queries as answered.
-func (s *Server) finished(n int) { s.pending.Add(-int64(n)) }
+// waitOrDone waits until ch is closed or ctx ends, and returns ctx's error
+// in the second case.
+func waitOrDone(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// finished counts n queries as answered. While Shutdown waits for the last
+// answer, the one that brings the count to zero wakes it.
+func (s *Server) finished(n int) {
+	if n > 0 && s.pending.Add(-int64(n)) == 0 && s.drained.Load() {
+		s.idleOnce.Do(func() { close(s.idle) })
+	}
+}
 
 func (s *Server) dropped(reason string) {
 	if s.OnDropped != nil {

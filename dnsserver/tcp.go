@@ -58,10 +58,18 @@ func (s *Server) serveConn(cc *clientConn) {
 	defer s.endConn(cc)
 	c := cc.conn
 	var lenBuf [2]byte
-	for !s.closing.Load() {
+	for {
+		if s.beforeArm != nil {
+			s.beforeArm()
+		}
 		// One deadline covers the length prefix and the body: a query that
 		// stalls half-way costs its sender the connection, nobody else.
 		c.SetReadDeadline(time.Now().Add(s.TCPIdleTimeout))
+		// Checked after arming: Shutdown sets closing, then moves the
+		// deadline to now, so either this sees closing or the read wakes.
+		if s.closing.Load() {
+			return
+		}
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
 			return
 		}
