@@ -102,14 +102,18 @@ type Server struct {
 	// for this long, including one stalled half-way through (default 10s).
 	TCPIdleTimeout time.Duration
 	// TCPPipeline bounds the queries awaiting an answer on one TCP
-	// connection; the server stops reading it until one is answered (default 64).
+	// connection, until the answer is written; the server stops reading it
+	// until one is (default 64). A connection that does not take its answers
+	// is closed: when they pile up beyond two of the largest size, or when a
+	// write to it takes 2s.
 	TCPPipeline int
 	// UDPSockets is how many UDP sockets share the port (SO_REUSEPORT), each
 	// with its own reader (default GOMAXPROCS; 1 where the system lacks it).
 	UDPSockets int
 	// OnDropped, if set, is called with a reason for every packet or
 	// connection the server answers itself or drops ("malformed": shorter
-	// than a header; "response", "overloaded", "tcp_conn_limit").
+	// than a header, or a TCP length beyond 4096; "response", "overloaded",
+	// "tcp_conn_limit", "tcp_slow_reader").
 	OnDropped func(reason string)
 
 	udp      []*udpSocket
@@ -117,10 +121,19 @@ type Server struct {
 	pending  atomic.Int64  // queries taken, not yet answered
 	tcpSlots chan struct{} // one token per open TCP connection
 	closing  atomic.Bool
-	wg       sync.WaitGroup // readers and connections
+	wg       sync.WaitGroup // readers, connections and their writers
+	drained  atomic.Bool    // Shutdown has stopped every reader and waits for the last answer
+	idle     chan struct{}  // closed by the answer that brings pending to zero once drained
+	idleOnce sync.Once
 
 	mu    sync.Mutex
-	conns map[*net.TCPConn]struct{}
+	conns map[*clientConn]struct{}
+
+	// Test seams, nil or zero outside tests.
+	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout
+	beforeArm       func()        // a connection's reader is about to arm its idle deadline
+	afterWake       func()        // Shutdown has woken every connection's reader
+	beforeIdle      func()        // Shutdown waits for the last answer
 }
 
 // Start binds UDP and TCP on s.Addr and serves in the background. It returns
@@ -168,8 +181,12 @@ func (s *Server) setDefaults() {
 	if !reusePortSupported {
 		s.UDPSockets = 1
 	}
+	if s.tcpWriteTimeout <= 0 {
+		s.tcpWriteTimeout = writeTimeout
+	}
 	s.tcpSlots = make(chan struct{}, s.MaxTCPConns)
-	s.conns = make(map[*net.TCPConn]struct{})
+	s.conns = make(map[*clientConn]struct{})
+	s.idle = make(chan struct{})
 }
 
 // listen binds the UDP sockets, then TCP on the same port. With port 0 the
@@ -204,8 +221,8 @@ func (s *Server) LocalAddr() netip.AddrPort {
 func (s *Server) Pending() int { return int(s.pending.Load()) }
 
 // Shutdown stops reading new queries, waits until every query taken has been
-// answered, then closes the sockets. If ctx ends first it closes them anyway
-// and returns ctx's error.
+// answered (over TCP: until the answer is written), then closes the sockets.
+// If ctx ends first it closes them anyway and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.closing.Swap(true) || s.udp == nil {
 		return nil
@@ -215,35 +232,60 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		u.conn.SetReadDeadline(time.Now()) // wakes the reader; writes still work
 	}
 	s.mu.Lock()
-	for c := range s.conns {
-		c.SetReadDeadline(time.Now())
+	for cc := range s.conns {
+		cc.conn.SetReadDeadline(time.Now()) // its reader checks closing after arming its own
 	}
 	s.mu.Unlock()
-
-	var err error
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
+	if s.afterWake != nil {
+		s.afterWake()
 	}
-	for err == nil && s.pending.Load() > 0 { // queries answered later, by the handler
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+
+	stopped := make(chan struct{})
+	go func() { s.wg.Wait(); close(stopped) }() // TCP readers stop once their answers are written
+	err := waitOrDone(ctx, stopped)
+	if err == nil {
+		// No reader takes a query any more: pending only falls, and the
+		// answer that brings it to zero closes idle.
+		s.drained.Store(true)
+		if s.pending.Load() > 0 {
+			if s.beforeIdle != nil {
+				s.beforeIdle()
+			}
+			err = waitOrDone(ctx, s.idle)
 		}
 	}
 	for _, u := range s.udp {
 		u.close()
 	}
 	s.mu.Lock()
-	for c := range s.conns {
-		c.Close()
+	conns := make([]*clientConn, 0, len(s.conns))
+	for cc := range s.conns {
+		conns = append(conns, cc)
 	}
 	s.mu.Unlock()
+	for _, cc := range conns { // left only when ctx ended first
+		cc.close("")
+	}
 	return err
+}
+
+// waitOrDone waits until ch is closed or ctx ends, and returns ctx's error
+// in the second case.
+func waitOrDone(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// finished counts n queries as answered. While Shutdown waits for the last
+// answer, the one that brings the count to zero wakes it.
+func (s *Server) finished(n int) {
+	if n > 0 && s.pending.Add(-int64(n)) == 0 && s.drained.Load() {
+		s.idleOnce.Do(func() { close(s.idle) })
+	}
 }
 
 func (s *Server) dropped(reason string) {
@@ -347,11 +389,17 @@ type answer struct {
 
 func (a *answer) start(s *Server) { a.s = s; s.pending.Add(1) }
 
-// finish reports whether this call is the one that answers.
+// claim reports whether this call is the one that answers. The caller then
+// counts the query finished (Server.finished) once its answer is sent or
+// dropped.
+func (a *answer) claim() bool { return !a.answered.Swap(true) }
+
+// finish reports whether this call is the one that answers, and if so
+// counts the query finished at once.
 func (a *answer) finish() bool {
-	if a.answered.Swap(true) {
+	if !a.claim() {
 		return false
 	}
-	a.s.pending.Add(-1)
+	a.s.finished(1)
 	return true
 }

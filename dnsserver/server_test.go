@@ -169,20 +169,51 @@ func TestTCPConnectionCap(t *testing.T) {
 	}
 }
 
-// Hundreds of half-sent connections must not slow UDP clients down.
+// Half-sent queries that hold every TCP slot cost their senders only: a
+// connection beyond the cap is closed at once and counted, UDP clients are
+// answered throughout, and each held connection is still served once it
+// finishes its query.
 func TestSlowlorisDoesNotStarveUDP(t *testing.T) {
-	addr := startServer(t, &Server{MaxTCPConns: 100, TCPIdleTimeout: 10 * time.Second})
-	for range 300 {
+	const slots, beyond = 100, 20
+	var dropped reasons
+	addr := startServer(t, &Server{MaxTCPConns: slots, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
+	m := new(dns.Msg).SetQuestion("www.example.com.", dns.TypeA)
+	query := frame(t, m)
+	held := make([]net.Conn, slots)
+	for i := range held {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		c.Write([]byte{0}) // half a length prefix, then nothing
+		c.Write(query[:1]) // half a length prefix, then nothing
+		held[i] = c
 	}
-	for i := range 20 {
+	// Accepted in the order they connected: these find every slot taken.
+	for i := range beyond {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write(query[:1])
+		if !closedByServer(c, 5*time.Second) {
+			t.Fatalf("connection %d beyond MaxTCPConns=%d was kept open", i+1, slots)
+		}
 		if r, err := ask("udp", addr, time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
 			t.Fatalf("UDP query %d under a slowloris: %v %v", i, r, err)
+		}
+	}
+	if n := dropped.count("tcp_conn_limit"); n != beyond {
+		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want %d", n, beyond)
+	}
+	for i, c := range held {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(query[1:]); err != nil {
+			t.Fatalf("held connection %d: %v", i, err)
+		}
+		if r, err := (&dns.Conn{Conn: c}).ReadMsg(); err != nil || r.Id != m.Id {
+			t.Fatalf("held connection %d, once its query is whole: %v %v", i, r, err)
 		}
 	}
 }

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"time"
 
-	"github.com/miekg/dns"
+	"dnsproxi/internal/wire"
 )
+
+// maxTCPQuery is the largest query read over TCP: the same as over UDP,
+// since a query needs no more. A longer length closes the connection before
+// its body is read, so a client cannot make the server hold 64 KiB a query.
+const maxTCPQuery = udpBufSize
 
 func (s *Server) serveTCP() {
 	defer s.wg.Done()
@@ -29,6 +33,7 @@ func (s *Server) serveTCP() {
 			c.Close()
 			continue
 		}
+		cc := newClientConn(s, c)
 		s.mu.Lock()
 		if s.closing.Load() {
 			s.mu.Unlock()
@@ -36,87 +41,63 @@ func (s *Server) serveTCP() {
 			<-s.tcpSlots
 			return
 		}
-		s.conns[c] = struct{}{}
+		s.conns[cc] = struct{}{}
 		s.mu.Unlock()
-		s.wg.Add(1)
-		go s.serveConn(c)
+		s.wg.Add(2)
+		go cc.send()
+		go s.serveConn(cc)
 	}
 }
 
-// tcpConn is one client connection. Queries are read in order and answered
-// as they complete, at most TCPPipeline at a time.
-type tcpConn struct {
-	conn     *net.TCPConn
-	mu       sync.Mutex    // serialises writes
-	pipeline chan struct{} // one token per query awaiting its answer
-}
-
-// serveConn reads queries off one connection and hands each to the handler.
-func (s *Server) serveConn(c *net.TCPConn) {
+// serveConn reads queries off one connection and hands each to the handler,
+// at most TCPPipeline of them awaiting their answers at a time. Once it
+// stops reading (the client closed or idled, a bad length, Shutdown, or the
+// connection failed), it waits for the answers still due, then closes.
+func (s *Server) serveConn(cc *clientConn) {
 	defer s.wg.Done()
-	tc := &tcpConn{conn: c, pipeline: make(chan struct{}, s.TCPPipeline)}
-	defer func() {
-		for range s.TCPPipeline { // wait for the answers still due on this connection
-			tc.pipeline <- struct{}{}
-		}
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-		<-s.tcpSlots
-	}()
+	defer s.endConn(cc)
+	c := cc.conn
 	var lenBuf [2]byte
-	for !s.closing.Load() {
+	for {
+		if s.beforeArm != nil {
+			s.beforeArm()
+		}
 		// One deadline covers the length prefix and the body: a query that
 		// stalls half-way costs its sender the connection, nobody else.
 		c.SetReadDeadline(time.Now().Add(s.TCPIdleTimeout))
+		// Checked after arming: Shutdown sets closing, then moves the
+		// deadline to now, so either this sees closing or the read wakes.
+		if s.closing.Load() {
+			return
+		}
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
 			return
 		}
-		n := binary.BigEndian.Uint16(lenBuf[:])
-		if n < 12 {
-			return // not even a header: the stream cannot be trusted any more
+		n := int(binary.BigEndian.Uint16(lenBuf[:]))
+		if n < wire.HeaderLen || n > maxTCPQuery {
+			s.dropped("malformed") // the body is never read: the stream cannot be trusted any more
+			return
 		}
 		pkt := make([]byte, n)
 		if _, err := io.ReadFull(c, pkt); err != nil {
 			return
 		}
-		tc.pipeline <- struct{}{} // released by the answer
-		w := &tcpWriter{conn: tc}
+		cc.pipeline <- struct{}{} // given back once the answer is written, or never can be
+		w := &tcpWriter{conn: cc}
 		w.start(s)
 		s.serve(w, &w.q, pkt, "tcp", clientOf(c))
 	}
 }
 
-// tcpWriter answers one query on a connection.
-type tcpWriter struct {
-	answer
-	conn *tcpConn
-	q    Query
-}
-
-// Write sends one message with its length prefix.
-func (w *tcpWriter) Write(b []byte) error {
-	if !w.finish() {
-		return ErrAnswered
+// endConn waits until every query taken on cc is answered (written, or
+// dropped with the connection), then closes cc and frees its slot.
+func (s *Server) endConn(cc *clientConn) {
+	for range s.TCPPipeline {
+		cc.pipeline <- struct{}{}
 	}
-	defer func() { <-w.conn.pipeline }()
-	if len(b) > dns.MaxMsgSize {
-		return dns.ErrBuf
-	}
-	framed := make([]byte, 2+len(b))
-	binary.BigEndian.PutUint16(framed, uint16(len(b)))
-	copy(framed[2:], b)
-	w.conn.mu.Lock()
-	defer w.conn.mu.Unlock()
-	w.conn.conn.SetWriteDeadline(time.Now().Add(writeTimeout)) // a client that never reads costs only itself
-	_, err := w.conn.conn.Write(framed)
-	return err
-}
-
-// Drop ends the query without an answer and frees its place on the connection.
-func (w *tcpWriter) Drop() {
-	if w.finish() {
-		<-w.conn.pipeline
-	}
+	cc.close("")
+	s.mu.Lock()
+	delete(s.conns, cc)
+	s.mu.Unlock()
+	<-s.tcpSlots
 }

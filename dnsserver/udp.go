@@ -97,12 +97,15 @@ type udpWriter struct {
 	q   Query // allocated with the writer: one allocation per query, not two
 }
 
-// Write queues the answer on the socket's writer, once.
+// Write queues the answer on the socket's writer, once. The query counts as
+// answered only once it is queued: Shutdown closes the writer after that.
 func (w *udpWriter) Write(reply []byte) error {
-	if !w.finish() {
+	if !w.claim() {
 		return ErrAnswered
 	}
-	return w.out.Send(w.to, reply)
+	err := w.out.Send(w.to, reply)
+	w.s.finished(1)
+	return err
 }
 
 // Drop ends the query without an answer.

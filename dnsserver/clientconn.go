@@ -1,0 +1,180 @@
+package dnsserver
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// sendQueueBytes bounds, in bytes, the answers waiting to be sent on one
+// connection, the write under way included: room for two of the largest.
+// A client that lets more pile up is not reading, and is closed. In frames
+// the queue is bounded by TCPPipeline: an answer keeps its query's place in
+// the pipeline until it is written.
+const sendQueueBytes = 2 * (2 + dns.MaxMsgSize)
+
+// keepSendBuffer is the largest send buffer a connection keeps between
+// writes; a larger one, grown by a burst of big answers, goes back to the
+// garbage collector.
+const keepSendBuffer = 16 << 10
+
+// errSlowReader ends an answer that would overflow its connection's queue.
+var errSlowReader = errors.New("dnsserver: client does not read its answers")
+
+// clientConn is one client's TCP connection. Its reader takes queries in
+// order (serveConn); their answers are sent as they complete by a writer of
+// its own (send), so whoever completes a query — an upstream's reader, a
+// deadline sweeper — only queues the answer and never waits on a client's
+// socket.
+type clientConn struct {
+	s        *Server
+	conn     *net.TCPConn
+	pipeline chan struct{} // one token per query taken and not yet answered on the wire
+	wake     chan struct{} // the writer has answers to send, or the connection closed
+
+	mu     sync.Mutex
+	out    []byte // answers waiting for the writer, each with its length prefix
+	frames int    // how many answers are in out
+	queued int    // bytes in out and in the write under way
+	closed bool   // nothing more is sent; an answer handed in now is finished at once
+}
+
+func newClientConn(s *Server, c *net.TCPConn) *clientConn {
+	return &clientConn{s: s, conn: c, pipeline: make(chan struct{}, s.TCPPipeline), wake: make(chan struct{}, 1)}
+}
+
+func (cc *clientConn) signal() {
+	select {
+	case cc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// enqueue queues one answer for the writer. It never blocks: an answer the
+// queue has no room for closes the connection instead.
+func (cc *clientConn) enqueue(b []byte) error {
+	cc.mu.Lock()
+	if cc.closed {
+		cc.mu.Unlock()
+		cc.answered(1)
+		return net.ErrClosed
+	}
+	if cc.queued+2+len(b) > sendQueueBytes {
+		cc.mu.Unlock()
+		cc.close("tcp_slow_reader")
+		cc.answered(1)
+		return errSlowReader
+	}
+	cc.out = binary.BigEndian.AppendUint16(cc.out, uint16(len(b)))
+	cc.out = append(cc.out, b...)
+	cc.frames++
+	cc.queued += 2 + len(b)
+	cc.mu.Unlock()
+	cc.signal()
+	return nil
+}
+
+// send writes the queued answers, all that have gathered in one write, until
+// the connection closes. A write that fails, or takes longer than the write
+// timeout, closes the connection: a client that does not read costs only
+// itself, and a frame cut half-way is never followed by another.
+func (cc *clientConn) send() {
+	defer cc.s.wg.Done()
+	var batch []byte
+	for range cc.wake {
+		cc.mu.Lock()
+		if cc.closed {
+			cc.mu.Unlock()
+			return
+		}
+		batch, cc.out = cc.out, batch[:0]
+		n := cc.frames
+		cc.frames = 0
+		cc.mu.Unlock()
+		if n == 0 {
+			continue
+		}
+		cc.conn.SetWriteDeadline(time.Now().Add(cc.s.tcpWriteTimeout))
+		_, err := cc.conn.Write(batch)
+		cc.mu.Lock()
+		cc.queued -= len(batch)
+		cc.mu.Unlock()
+		if err != nil {
+			reason := "" // the client went away, or the connection was closed already
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				reason = "tcp_slow_reader"
+			}
+			cc.close(reason)
+			cc.answered(n)
+			return
+		}
+		cc.answered(n)
+		if cap(batch) > keepSendBuffer {
+			batch = nil
+		}
+	}
+}
+
+// close closes the connection, once, and counts why unless reason is empty.
+// The answers still queued are finished unsent, and so is every answer
+// handed in from now on, so the server's counts stay right.
+func (cc *clientConn) close(reason string) {
+	cc.mu.Lock()
+	if cc.closed {
+		cc.mu.Unlock()
+		return
+	}
+	cc.closed = true
+	n := cc.frames
+	cc.queued -= len(cc.out)
+	cc.out, cc.frames = nil, 0
+	cc.mu.Unlock()
+	cc.conn.Close()
+	if reason != "" {
+		cc.s.dropped(reason)
+	}
+	cc.signal() // lets the writer see it is closed
+	cc.answered(n)
+}
+
+// answered counts n queries on the connection as answered: for the server,
+// and for the pipeline, which lets the reader take as many more.
+func (cc *clientConn) answered(n int) {
+	cc.s.finished(n)
+	for range n {
+		<-cc.pipeline
+	}
+}
+
+// tcpWriter answers one query on a connection.
+type tcpWriter struct {
+	answer
+	conn *clientConn
+	q    Query // allocated with the writer: one allocation per query, not two
+}
+
+// Write queues one message for the connection's writer; it never blocks.
+// The query counts as answered once the message is written, or once the
+// connection closes without it.
+func (w *tcpWriter) Write(reply []byte) error {
+	if !w.claim() {
+		return ErrAnswered
+	}
+	if len(reply) > dns.MaxMsgSize {
+		w.conn.answered(1)
+		return dns.ErrBuf
+	}
+	return w.conn.enqueue(reply)
+}
+
+// Drop ends the query without an answer and frees its place on the connection.
+func (w *tcpWriter) Drop() {
+	if w.claim() {
+		w.conn.answered(1)
+	}
+}
