@@ -20,7 +20,7 @@ import (
 // and not the breaker: it adds no call to the upstream, so it must neither
 // take a place the cap keeps for calls nor take the half-open probe's place.
 // What bounds followers is the server's bound on unanswered queries
-// (MaxPending) and maxFollowers per flight; beyond that a query goes to the
+// (MaxUnanswered) and maxFollowers per flight; beyond that a query goes to the
 // upstream on its own, through the cap and the breaker.
 //
 // Never coalesced: queries with an EDNS Client Subnet option (their answer

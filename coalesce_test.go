@@ -158,7 +158,7 @@ func TestCoalescingKeepsUDPAndTCPApart(t *testing.T) {
 			answers <- r
 		}()
 	}
-	waitFor(t, "four queries taken", func() bool { return a.server.Pending() == 4 })
+	waitFor(t, "four queries taken", func() bool { return a.server.Unanswered() == 4 })
 	waitFor(t, "the upstream to see one query per network", func() bool { udp, tcp := up.Received(); return udp == 1 && tcp == 1 })
 	release()
 	for range 4 {

@@ -148,7 +148,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
 		Handler:        dnsserver.HandlerFunc(p.handleQuery),
-		MaxPending:     maxPending(cfg.MaxInflight),
+		MaxUnanswered:  maxUnanswered(cfg.MaxInflight),
 		MaxTCPConns:    cfg.TCPMaxConns,
 		TCPIdleTimeout: cfg.TCPIdleTimeout,
 		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
@@ -156,10 +156,10 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	return a, nil
 }
 
-// maxPending bounds the queries the server holds unanswered: room for every
+// maxUnanswered bounds the queries the server holds unanswered: room for every
 // query the cap lets through to the upstream, plus as many again being
 // answered at once. With the cap off, a fixed safety bound remains.
-func maxPending(maxInflight int) int {
+func maxUnanswered(maxInflight int) int {
 	switch {
 	case maxInflight == 0:
 		return unlimitedPending

@@ -194,12 +194,12 @@ func TestRunConfigErrorExit2(t *testing.T) {
 	}
 }
 
-// maxPending never overflows, whatever cap it is given.
-func TestMaxPendingNeverOverflows(t *testing.T) {
+// maxUnanswered never overflows, whatever cap it is given.
+func TestMaxUnansweredNeverOverflows(t *testing.T) {
 	for _, inflight := range []int{0, 1, 1000, 100000, math.MaxInt / 2, math.MaxInt - 1, math.MaxInt} {
-		got := maxPending(inflight)
+		got := maxUnanswered(inflight)
 		if got < 1 || (inflight > 0 && got < inflight) {
-			t.Errorf("maxPending(%d) = %d: below the cap it must hold", inflight, got)
+			t.Errorf("maxUnanswered(%d) = %d: below the cap it must hold", inflight, got)
 		}
 	}
 }

@@ -29,7 +29,7 @@ import (
 
 // Defaults for the Server's zero fields.
 const (
-	DefaultMaxPending     = 10000
+	DefaultMaxUnanswered  = 10000
 	DefaultMaxTCPConns    = 1000
 	DefaultTCPIdleTimeout = 10 * time.Second
 	DefaultTCPPipeline    = 64
@@ -91,10 +91,10 @@ type Server struct {
 	Addr string
 	// Handler answers every query the server could parse.
 	Handler Handler
-	// MaxPending bounds the queries taken and not yet answered, over both
+	// MaxUnanswered bounds the queries taken and not yet answered, over both
 	// networks; a query beyond it is dropped over UDP and answered REFUSED
 	// at once over TCP (default 10000).
-	MaxPending int
+	MaxUnanswered int
 	// MaxTCPConns bounds the TCP connections open at once; a connection
 	// beyond it is closed at once (default 1000).
 	MaxTCPConns int
@@ -116,15 +116,15 @@ type Server struct {
 	// "tcp_conn_limit", "tcp_slow_reader").
 	OnDropped func(reason string)
 
-	udp      []*udpSocket
-	tcp      *net.TCPListener
-	pending  atomic.Int64  // queries taken, not yet answered
-	tcpSlots chan struct{} // one token per open TCP connection
-	closing  atomic.Bool
-	wg       sync.WaitGroup // readers, connections and their writers
-	drained  atomic.Bool    // Shutdown has stopped every reader and waits for the last answer
-	idle     chan struct{}  // closed by the answer that brings pending to zero once drained
-	idleOnce sync.Once
+	udp        []*listenSocket
+	tcp        *net.TCPListener
+	unanswered atomic.Int64  // queries taken, not yet answered
+	connTokens chan struct{} // one token per open TCP connection
+	closing    atomic.Bool
+	wg         sync.WaitGroup // readers, connections and their writers
+	drained    atomic.Bool    // Shutdown has stopped every reader and waits for the last answer
+	idle       chan struct{}  // closed by the answer that brings unanswered to zero once drained
+	idleOnce   sync.Once
 
 	mu    sync.Mutex
 	conns map[*clientConn]struct{}
@@ -163,8 +163,8 @@ func (s *Server) Start() error {
 }
 
 func (s *Server) setDefaults() {
-	if s.MaxPending <= 0 {
-		s.MaxPending = DefaultMaxPending
+	if s.MaxUnanswered <= 0 {
+		s.MaxUnanswered = DefaultMaxUnanswered
 	}
 	if s.MaxTCPConns <= 0 {
 		s.MaxTCPConns = DefaultMaxTCPConns
@@ -184,7 +184,7 @@ func (s *Server) setDefaults() {
 	if s.tcpWriteTimeout <= 0 {
 		s.tcpWriteTimeout = writeTimeout
 	}
-	s.tcpSlots = make(chan struct{}, s.MaxTCPConns)
+	s.connTokens = make(chan struct{}, s.MaxTCPConns)
 	s.conns = make(map[*clientConn]struct{})
 	s.idle = make(chan struct{})
 }
@@ -217,8 +217,8 @@ func (s *Server) LocalAddr() netip.AddrPort {
 	return s.udp[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
-// Pending returns how many queries were taken and not yet answered.
-func (s *Server) Pending() int { return int(s.pending.Load()) }
+// Unanswered returns how many queries were taken and not yet answered.
+func (s *Server) Unanswered() int { return int(s.unanswered.Load()) }
 
 // Shutdown stops reading new queries, waits until every query taken has been
 // answered (over TCP: until the answer is written), then closes the sockets.
@@ -244,10 +244,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	go func() { s.wg.Wait(); close(stopped) }() // TCP readers stop once their answers are written
 	err := waitOrDone(ctx, stopped)
 	if err == nil {
-		// No reader takes a query any more: pending only falls, and the
+		// No reader takes a query any more: unanswered only falls, and the
 		// answer that brings it to zero closes idle.
 		s.drained.Store(true)
-		if s.pending.Load() > 0 {
+		if s.unanswered.Load() > 0 {
 			if s.beforeIdle != nil {
 				s.beforeIdle()
 			}
@@ -283,7 +283,7 @@ func waitOrDone(ctx context.Context, ch <-chan struct{}) error {
 // finished counts n queries as answered. While Shutdown waits for the last
 // answer, the one that brings the count to zero wakes it.
 func (s *Server) finished(n int) {
-	if n > 0 && s.pending.Add(-int64(n)) == 0 && s.drained.Load() {
+	if n > 0 && s.unanswered.Add(-int64(n)) == 0 && s.drained.Load() {
 		s.idleOnce.Do(func() { close(s.idle) })
 	}
 }
@@ -321,7 +321,7 @@ func (s *Server) serve(w ResponseWriter, q *Query, pkt []byte, network string, c
 // TCP, where the handshake proved the address, it is REFUSED at once, for
 // a dropped TCP query waits out its client's whole timeout.
 func (s *Server) dispatch(w ResponseWriter, q *Query) {
-	if s.MaxPending > 0 && s.pending.Load() > int64(s.MaxPending) {
+	if s.MaxUnanswered > 0 && s.unanswered.Load() > int64(s.MaxUnanswered) {
 		s.dropped("overloaded")
 		if q.Net != "tcp" {
 			w.Drop()
@@ -387,7 +387,7 @@ type answer struct {
 	answered atomic.Bool
 }
 
-func (a *answer) start(s *Server) { a.s = s; s.pending.Add(1) }
+func (a *answer) start(s *Server) { a.s = s; s.unanswered.Add(1) }
 
 // claim reports whether this call is the one that answers. The caller then
 // counts the query finished (Server.finished) once its answer is sent or

@@ -218,18 +218,18 @@ func TestSlowlorisDoesNotStarveUDP(t *testing.T) {
 	}
 }
 
-// Beyond MaxPending a TCP query is REFUSED at once and a UDP one dropped:
+// Beyond MaxUnanswered a TCP query is REFUSED at once and a UDP one dropped:
 // an answer the handler's gates never saw is not sent to an unproven address.
 func TestPendingCapAnswersRefused(t *testing.T) {
 	h := newHolder()
 	overloaded := make(chan string, 10)
-	addr := startServer(t, &Server{MaxPending: 1, Handler: h, OnDropped: func(r string) { overloaded <- r }})
+	addr := startServer(t, &Server{MaxUnanswered: 1, Handler: h, OnDropped: func(r string) { overloaded <- r }})
 	defer h.release()
 	go ask("udp", addr, 5*time.Second)
 	<-h.entered
 	r, err := ask("tcp", addr, time.Second)
 	if err != nil || r.Rcode != dns.RcodeRefused {
-		t.Fatalf("tcp beyond MaxPending: %v %v, want REFUSED at once", r, err)
+		t.Fatalf("tcp beyond MaxUnanswered: %v %v, want REFUSED at once", r, err)
 	}
 	if reason := <-overloaded; reason != "overloaded" {
 		t.Fatalf("dropped as %q, want overloaded", reason)
@@ -241,7 +241,7 @@ func TestPendingCapAnswersRefused(t *testing.T) {
 			t.Fatalf("dropped as %q, want overloaded", reason)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("a UDP query beyond MaxPending was not dropped")
+		t.Fatal("a UDP query beyond MaxUnanswered was not dropped")
 	}
 	if h.count() != 1 {
 		t.Fatalf("the handler holds %d queries, want only the first", h.count())
@@ -307,8 +307,8 @@ func TestShutdownFinishesQueriesInFlight(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if s.Pending() != 0 {
-		t.Errorf("%d queries pending after Shutdown", s.Pending())
+	if s.Unanswered() != 0 {
+		t.Errorf("%d queries pending after Shutdown", s.Unanswered())
 	}
 	if _, err := ask("udp", addr, 200*time.Millisecond); err == nil {
 		t.Error("still answering UDP after Shutdown")
@@ -400,8 +400,8 @@ func TestServeAnswersWhatItCannotParse(t *testing.T) {
 			if string(r.out) != string(tt.want) || (tt.want == nil) != r.dropped {
 				t.Fatalf("wrote %x (dropped %v), want %x", r.out, r.dropped, tt.want)
 			}
-			if s.Pending() != 0 {
-				t.Fatalf("%d pending: the packet was not finished", s.Pending())
+			if s.Unanswered() != 0 {
+				t.Fatalf("%d pending: the packet was not finished", s.Unanswered())
 			}
 		})
 	}

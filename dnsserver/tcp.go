@@ -27,7 +27,7 @@ func (s *Server) serveTCP() {
 			continue
 		}
 		select {
-		case s.tcpSlots <- struct{}{}:
+		case s.connTokens <- struct{}{}:
 		default:
 			s.dropped("tcp_conn_limit")
 			c.Close()
@@ -38,7 +38,7 @@ func (s *Server) serveTCP() {
 		if s.closing.Load() {
 			s.mu.Unlock()
 			c.Close()
-			<-s.tcpSlots
+			<-s.connTokens
 			return
 		}
 		s.conns[cc] = struct{}{}
@@ -99,5 +99,5 @@ func (s *Server) endConn(cc *clientConn) {
 	s.mu.Lock()
 	delete(s.conns, cc)
 	s.mu.Unlock()
-	<-s.tcpSlots
+	<-s.connTokens
 }

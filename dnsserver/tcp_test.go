@@ -216,10 +216,10 @@ func TestSlowTCPReaderCostsOnlyItself(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := s.Shutdown(ctx); err != nil {
-				t.Fatalf("Shutdown: %v (%d queries still pending)", err, s.Pending())
+				t.Fatalf("Shutdown: %v (%d queries still pending)", err, s.Unanswered())
 			}
-			if s.Pending() != 0 {
-				t.Fatalf("%d queries pending after Shutdown", s.Pending())
+			if s.Unanswered() != 0 {
+				t.Fatalf("%d queries pending after Shutdown", s.Unanswered())
 			}
 		})
 	}
@@ -277,9 +277,9 @@ func TestTCPAnswersAccountedWhenClientsLeave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {
-		t.Fatalf("Shutdown: %v (%d queries pending)", err, s.Pending())
+		t.Fatalf("Shutdown: %v (%d queries pending)", err, s.Unanswered())
 	}
-	if n := s.Pending(); n != 0 {
+	if n := s.Unanswered(); n != 0 {
 		t.Fatalf("%d queries pending after Shutdown", n)
 	}
 }

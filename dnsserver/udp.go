@@ -17,17 +17,17 @@ import (
 // 64 KiB slots would let megabytes of garbage pile up between collections.
 const udpBufSize = 4096
 
-// udpSocket is one of the UDP sockets sharing the port: read in batches by
+// listenSocket is one of the UDP sockets sharing the port: read in batches by
 // its reader, written in batches by its writer.
-type udpSocket struct {
+type listenSocket struct {
 	conn   *net.UDPConn
 	reader *batchio.Reader
 	writer *batchio.Writer
 }
 
 // listenUDP binds n sockets to ap, sharing the port where the system allows.
-func listenUDP(ap netip.AddrPort, n int) ([]*udpSocket, error) {
-	var socks []*udpSocket
+func listenUDP(ap netip.AddrPort, n int) ([]*listenSocket, error) {
+	var socks []*listenSocket
 	for i := range n {
 		conn, err := listenReusePort(ap)
 		if err != nil {
@@ -45,7 +45,7 @@ func listenUDP(ap netip.AddrPort, n int) ([]*udpSocket, error) {
 		if err == nil {
 			var w *batchio.Writer
 			if w, err = batchio.NewWriter(conn); err == nil {
-				socks = append(socks, &udpSocket{conn: conn, reader: r, writer: w})
+				socks = append(socks, &listenSocket{conn: conn, reader: r, writer: w})
 				continue
 			}
 		}
@@ -58,14 +58,14 @@ func listenUDP(ap netip.AddrPort, n int) ([]*udpSocket, error) {
 	return socks, nil
 }
 
-func (u *udpSocket) close() {
+func (u *listenSocket) close() {
 	u.writer.Close() // sends what is queued first
 	u.conn.Close()
 }
 
 // serveUDP reads batches of packets and hands each to the handler. Nothing
 // here blocks but the read: the handler answers through the socket's writer.
-func (s *Server) serveUDP(u *udpSocket) {
+func (s *Server) serveUDP(u *listenSocket) {
 	defer s.wg.Done()
 	for {
 		n, err := u.reader.Read()

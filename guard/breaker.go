@@ -99,7 +99,7 @@ type Breaker struct {
 	clock Clock
 
 	onChange    func(from, to State)
-	pending     []transition // transitions not yet handed to onChange, oldest first
+	undelivered []transition // transitions not yet handed to onChange, oldest first
 	dispatching bool         // a goroutine is running onChange
 }
 
@@ -312,7 +312,7 @@ func (b *Breaker) setState(to State, now time.Time) {
 		b.closedGen.Store(b.gen + 1)
 	}
 	if b.onChange != nil {
-		b.pending = append(b.pending, transition{from, to})
+		b.undelivered = append(b.undelivered, transition{from, to})
 	}
 }
 
@@ -326,14 +326,14 @@ func (b *Breaker) dispatch() {
 		return
 	}
 	b.dispatching = true
-	for len(b.pending) > 0 {
-		t, fn := b.pending[0], b.onChange
-		b.pending = b.pending[1:]
+	for len(b.undelivered) > 0 {
+		t, fn := b.undelivered[0], b.onChange
+		b.undelivered = b.undelivered[1:]
 		b.mu.Unlock()
 		fn(t.from, t.to)
 		b.mu.Lock()
 	}
-	b.pending = nil
+	b.undelivered = nil
 	b.dispatching = false
 	b.mu.Unlock()
 }
