@@ -75,7 +75,14 @@ func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
 	}
 	sec, ok := wire.ReadSections(reply, qend)
 	if !ok {
-		return ua, false
+		if wire.Flags(reply)&wire.FlagTC == 0 {
+			return ua, false
+		}
+		// Truncated at the byte, counts left as they were (some upstreams
+		// and middleboxes do): it still says all it has to say, "ask again
+		// over TCP". Relayed as TC with empty sections, it is an answer.
+		ua.flags = wire.Flags(reply)
+		return ua, true
 	}
 	ua.flags, ua.an, ua.ns, ua.ar = wire.Flags(reply), sec.AN, sec.NS, sec.AR
 	ua.records = reply[qend:sec.End]

@@ -79,9 +79,6 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	}
 	f.waiters = f.waiters[:1]
 	f.waiters[0].set(w, q, qtype, start, p.udpSize())
-	if q.EDNS.ECS {
-		return f, false
-	}
 	var bits byte
 	flags := wire.Flags(q.Wire)
 	if flags&wire.FlagRD != 0 {
@@ -107,7 +104,7 @@ func (p *proxy) join(f *flight) bool {
 	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
 		if g.key.Equal(&f.key) {
 			if len(g.waiters) > maxFollowers {
-				break
+				continue // full: a newer flight beside it may have room
 			}
 			g.waiters = append(g.waiters, f.waiters[0])
 			sh.mu.Unlock()
@@ -120,17 +117,14 @@ func (p *proxy) join(f *flight) bool {
 	return false
 }
 
-// share puts f in the table, for others to join, unless another flight
-// with its key got there first since join looked: then f goes on its own.
+// share puts f in the table for others to join, first in its chain, so
+// that joiners find the newest flight (the one with room) first. Flights
+// with the same key may stand side by side: one that filled up, and the one
+// started beside it, or two started at once.
 func (p *proxy) share(f *flight) {
 	sh := p.flights[f.net].shard(&f.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
-		if g.key.Equal(&f.key) {
-			return
-		}
-	}
 	if sh.m == nil {
 		sh.m = make(map[uint64]*flight)
 	}

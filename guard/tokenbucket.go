@@ -75,8 +75,12 @@ func (b *TokenBucket) now() time.Time {
 }
 
 // Allow takes n tokens if the bucket holds them and reports whether it did.
-// A refused call takes nothing. n greater than the burst is always refused.
+// A refused call takes nothing. n greater than the burst is always refused;
+// n <= 0 takes nothing and is allowed.
 func (b *TokenBucket) Allow(n int) bool {
+	if n <= 0 {
+		return true // nothing to take, as with WaitN: never a way to add tokens
+	}
 	// The clock is read outside the lock, which stays short; a reading that
 	// went stale while waiting for it earns nothing (see refill).
 	now := b.now()

@@ -432,3 +432,20 @@ func TestNewTokenBucketRejects(t *testing.T) {
 		})
 	}
 }
+
+// "The bucket never admits more than burst + rate × elapsed": Allow(-k), like
+// WaitN(-k), takes nothing (it added k tokens above the burst).
+func TestTokenBucketAllowNegativeMintsNothing(t *testing.T) {
+	clock := NewManualClock(time.Unix(1000, 0))
+	b := NewTokenBucket(1, 5, clock)
+	b.Allow(-1000)
+	admitted := 0
+	for range 2000 {
+		if b.Allow(1) {
+			admitted++
+		}
+	}
+	if admitted > 5 {
+		t.Fatalf("with no time passing, a bucket of burst 5 admitted %d after Allow(-1000) (balance now %v)", admitted, b.Tokens())
+	}
+}
