@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -14,19 +16,6 @@ import (
 	"dnsproxi/metrics"
 	"dnsproxi/upstream"
 )
-
-// memUpstream answers from the fake zone without a network, at once.
-type memUpstream struct{}
-
-func (memUpstream) Forward(query []byte, _ string, done upstream.Result) {
-	req := new(dns.Msg)
-	if err := req.Unpack(query); err != nil {
-		done(query, nil, err)
-		return
-	}
-	reply, err := fakeupstream.Answer(req).Pack()
-	done(query, reply, err)
-}
 
 // recorder is a ResponseWriter that keeps what is written.
 type recorder struct {
@@ -40,10 +29,41 @@ func (r *recorder) Write(b []byte) error {
 }
 func (r *recorder) Drop() { r.dropped++ }
 
+// waitingRecorder is a ResponseWriter for an answer that may come later,
+// from another goroutine: done is closed by the one Write or Drop.
+type waitingRecorder struct {
+	recorder
+	mu   sync.Mutex
+	n    int
+	done chan struct{}
+}
+
+func (r *waitingRecorder) Write(b []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recorder.Write(b)
+	if r.n++; r.n == 1 {
+		close(r.done)
+	}
+	return nil
+}
+
+func (r *waitingRecorder) Drop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recorder.Drop()
+	if r.n++; r.n == 1 {
+		close(r.done)
+	}
+}
+
 // FuzzServePacket feeds arbitrary bytes through the server's parse step into
-// handleQuery with both gates on. Whatever comes in: no panic, at most one
-// answer, and an answer carries the packet's ID, has QR set, parses, and
-// fits the client's UDP size.
+// handleQuery with both gates on, and on to a real upstream client (random
+// IDs, 0x20, byte-exact reply validation) and a fake upstream on loopback,
+// so that what comes back has passed the same checks as in production.
+// Whatever comes in: no panic, exactly one answer or drop, and an answer
+// carries the packet's ID, has QR set, parses, and fits the client's UDP
+// size (512 without EDNS, at most DNS_MAX_UDP_SIZE with it).
 func FuzzServePacket(f *testing.F) {
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.com.", dns.TypeA)
@@ -53,18 +73,37 @@ func FuzzServePacket(f *testing.F) {
 	b, _ = q.Pack()
 	f.Add(b)
 
+	fake, err := fakeupstream.Start("127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { fake.Close() })
+	up, err := upstream.New(upstream.Config{Addr: fake.Addr(), Timeout: time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { up.Close() })
+	const maxUDP = 1232
 	m := metrics.New()
 	p := &proxy{
 		limiter:     guard.NewTokenBucket(math.MaxInt32, math.MaxInt32, guard.RealClock{}),
 		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
 		maxInflight: 1000,
-		upstream:    memUpstream{},
+		maxUDPSize:  maxUDP,
+		upstream:    up,
 		metrics:     m,
 	}
 	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.handleQuery)}
 	f.Fuzz(func(t *testing.T, pkt []byte) {
-		w := &recorder{}
-		srv.ServePacket(w, pkt)
+		w := &waitingRecorder{done: make(chan struct{})}
+		srv.ServePacket(w, append([]byte(nil), pkt...)) // the server may keep the bytes until the answer
+		select {
+		case <-w.done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no answer and no drop within 5s (the upstream's deadline is 1s)")
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		if len(w.out)+w.dropped != 1 {
 			t.Fatalf("%d answers and %d drops for one packet, want exactly one of them", len(w.out), w.dropped)
 		}
@@ -82,7 +121,7 @@ func FuzzServePacket(f *testing.F) {
 		req := new(dns.Msg)
 		if req.Unpack(pkt) == nil {
 			if opt := req.IsEdns0(); opt != nil {
-				size = max(size, int(opt.UDPSize()))
+				size = min(max(size, int(opt.UDPSize())), maxUDP)
 			}
 		}
 		if len(ans) > size {
