@@ -2,9 +2,10 @@ package main
 
 import (
 	"encoding/binary"
-	"math"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -41,9 +42,12 @@ func (r *recorder) Write(b []byte) error {
 func (r *recorder) Drop() { r.dropped++ }
 
 // FuzzServePacket feeds arbitrary bytes through the server's parse step into
-// handleQuery with both gates on. Whatever comes in: no panic, at most one
-// answer, and an answer carries the packet's ID, has QR set, parses, and
-// fits the client's UDP size.
+// handleQuery with every gate on: the access list, the per-client bucket, the
+// global bucket (all three tight, so refusals happen, answered by slip), the
+// breaker. The packet's first byte picks its client, 127.0.0.x, and the
+// access list admits x < 128. Whatever comes in: no panic, at most one
+// answer, and an answer carries the packet's ID, has QR set, parses, fits
+// the client's UDP size, and is REFUSED for a client outside the list.
 func FuzzServePacket(f *testing.F) {
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.com.", dns.TypeA)
@@ -52,17 +56,35 @@ func FuzzServePacket(f *testing.F) {
 	q.SetEdns0(4096, true)
 	b, _ = q.Pack()
 	f.Add(b)
+	q.Id = 0xF000 // a client outside the list
+	b, _ = q.Pack()
+	f.Add(b)
 
 	m := metrics.New()
+	clock := guard.NewManualClock(time.Unix(1e9, 0))
 	p := &proxy{
-		limiter:     guard.NewTokenBucket(math.MaxInt32, math.MaxInt32, guard.RealClock{}),
+		access:      guard.NewAccessList(netip.MustParsePrefix("127.0.0.0/25")),
+		denied:      guard.NewTokenBucket(deniedRate, deniedBurst, clock),
+		clients:     guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock),
+		limiter:     guard.NewTokenBucket(1, 64, clock),
+		action:      LimitAction{Kind: ActionSlip, N: 2},
 		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
 		maxInflight: 1000,
 		upstream:    memUpstream{},
 		metrics:     m,
 	}
-	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.handleQuery)}
+	var client netip.AddrPort
+	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {
+		q.Client = client
+		p.handleQuery(w, q)
+	})}
 	f.Fuzz(func(t *testing.T, pkt []byte) {
+		var x byte
+		if len(pkt) > 0 {
+			x = pkt[0]
+		}
+		client = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, x}), 5353)
+		clock.Advance(100 * time.Millisecond) // the buckets refill now and then
 		w := &recorder{}
 		srv.ServePacket(w, pkt)
 		if len(w.out)+w.dropped != 1 {
@@ -88,8 +110,12 @@ func FuzzServePacket(f *testing.F) {
 		if len(ans) > size {
 			t.Fatalf("a %d-byte UDP answer for a client that takes %d", len(ans), size)
 		}
-		if err := new(dns.Msg).Unpack(ans); err != nil {
+		r := new(dns.Msg)
+		if err := r.Unpack(ans); err != nil {
 			t.Fatalf("the answer does not parse: %v", err)
+		}
+		if x >= 128 && r.Rcode != dns.RcodeRefused {
+			t.Fatalf("a client outside the access list got %s", dns.RcodeToString[r.Rcode])
 		}
 	})
 }
