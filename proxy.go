@@ -28,9 +28,9 @@ type proxy struct {
 	limiter     *guard.TokenBucket   // entry gate; nil: off
 	action      LimitAction          // what a UDP query refused by an entry gate gets
 	slips       atomic.Uint64        // UDP queries refused under slip, to answer every Nth
-	breaker     *guard.Breaker     // forward gate; nil: off
-	maxInflight int64              // cap on queries at the upstream; 0: none
-	maxUDPSize  int                // largest UDP answer, and the size advertised upstream; 0: 1232
+	breaker     *guard.Breaker       // forward gate; nil: off
+	maxInflight int64                // cap on queries at the upstream; 0: none
+	maxUDPSize  int                  // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
 	upstream    forwarder
 	metrics     *metrics.Metrics
