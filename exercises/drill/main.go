@@ -40,6 +40,7 @@ var harnesses = []struct {
 	run           func(*rig) error
 }{
 	{"blackhole-flood", "3000 QPS at a blackholed upstream: memory, goroutines, latency, in three configurations", drillBlackholeFlood},
+	{"sources", "one query from each of 200,000 loopback sources: the per-client table's memory bound", drillSources},
 }
 
 func main() {
