@@ -165,9 +165,10 @@ func appendOPT(dst []byte, size, ext int, do bool, upstreamOptions []byte) []byt
 
 // appendOwn appends the proxy's own answer with rcode (SERVFAIL, REFUSED,
 // FORMERR, NOTIMP, BADVERS) to a query with id, header flags and question
-// (none if empty): its opcode, RD and CD, and an OPT record if it sent one.
-// RA is claimed only while the upstream claims it.
-func (p *proxy) appendOwn(dst []byte, id, qflags uint16, question []byte, edns, do bool, rcode int) []byte {
+// (none if empty): its opcode, RD and CD, and an OPT record if it sent one,
+// carrying e (if not nil) as an Extended DNS Error. RA is claimed only while
+// the upstream claims it.
+func (p *proxy) appendOwn(dst []byte, id, qflags uint16, question []byte, edns, do bool, rcode int, e *ede) []byte {
 	flags := qflags&(0xF<<11|wire.FlagRD|wire.FlagCD) | wire.FlagQR | uint16(rcode&0xF)
 	if p.upstreamRA.Load() != raWithout {
 		flags |= wire.FlagRA
@@ -185,6 +186,11 @@ func (p *proxy) appendOwn(dst []byte, id, qflags uint16, question []byte, edns, 
 	dst = append(dst, question...)
 	if edns {
 		dst = wire.AppendOPT(dst, p.udpSize(), rcode>>4, do, nil)
+		if e != nil {
+			rdlen := len(dst) - 2
+			dst = appendEDE(dst, e)
+			binary.BigEndian.PutUint16(dst[rdlen:], uint16(len(dst)-rdlen-2))
+		}
 	}
 	return dst
 }

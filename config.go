@@ -35,6 +35,12 @@ type Config struct {
 	TCPIdleTimeout    time.Duration `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" min:"1s" max:"1h" desc:"a client TCP connection that delivers no whole query for this long is closed"`
 	MaxUDPSize        int           `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
 	Upstream0x20      bool          `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
+	Allow             AccessRule    `envconfig:"ALLOW" default:"local" desc:"clients that may query, comma-separated CIDRs or addresses; local = loopback, RFC 1918, RFC 6598, IPv6 ULA and link-local; any = every address (an open resolver); others get REFUSED"`
+	ClientRateLimit   RateLimit     `envconfig:"CLIENT_RATE_LIMIT" default:"off" desc:"per-client gate over UDP, before DNS_RATE_LIMIT: rate or rate,burst per client prefix, as DNS_RATE_LIMIT; off"`
+	ClientPrefix      ClientPrefix  `envconfig:"CLIENT_PREFIX" default:"32,64" desc:"v4len,v6len: the leading bits of an address that name one client of the per-client gate, 0..32 and 0..128"`
+	ClientTableSize   int           `envconfig:"CLIENT_TABLE_SIZE" default:"100000" min:"8" max:"10000000" desc:"client prefixes the per-client gate holds (used in groups of 8); beyond it new prefixes share one bucket"`
+	ClientExempt      PrefixList    `envconfig:"CLIENT_EXEMPT" desc:"clients that skip the per-client gate (not DNS_RATE_LIMIT), comma-separated CIDRs or addresses; unset: none"`
+	LimitAction       LimitAction   `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
 }
 
 // Variables whose rules involve another, named in their errors.
@@ -45,6 +51,7 @@ const (
 	keyMinSamples      = "DNS_BREAKER_MIN_SAMPLES"
 	keyCoolOff         = "DNS_BREAKER_COOLOFF"
 	keyMetricsAddr     = "DNS_METRICS_ADDR"
+	keyClientRate      = "DNS_CLIENT_RATE_LIMIT"
 )
 
 // The entry gate's bounds. Below minRate a drained bucket takes over a
@@ -55,6 +62,10 @@ const (
 	maxRate  = 1e8
 	maxBurst = 100_000_000
 )
+
+// maxClientRefill is the longest a per-client bucket may take to refill
+// (guard's bound).
+const maxClientRefill = 100 * 365 * 24 * time.Hour
 
 // resolveTimeout bounds the start-up lookup of a host name.
 const resolveTimeout = 10 * time.Second
@@ -137,7 +148,21 @@ func readConfig(lookup func(string) (string, bool), r resolver) (Config, error) 
 	if err := cfg.settleAddresses(given, r); err != nil {
 		return cfg, err
 	}
+	if err := cfg.checkClientRate(given); err != nil {
+		return cfg, err
+	}
 	return cfg, cfg.checkBreaker(given)
+}
+
+// checkClientRate refuses a per-client bucket that would take longer than
+// the table allows (guard's 100 years) to refill: the per-client table
+// keeps its buckets as a time in nanoseconds.
+func (c *Config) checkClientRate(given envText) error {
+	r := c.ClientRateLimit
+	if r.On() && float64(r.Burst)*math.Ceil(float64(time.Second)/r.Rate) > float64(maxClientRefill) { // as guard computes it
+		return fmt.Errorf("%s=%q: a bucket must refill within 100 years: burst/rate is %g s", keyClientRate, given[keyClientRate], float64(r.Burst)/r.Rate)
+	}
+	return nil
 }
 
 // settleAddresses holds every address variable to one rule (see usage) and

@@ -4,18 +4,22 @@ import (
 	"bytes"
 	"context"
 	"maps"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"dnsproxi/guard"
 )
 
 // allVars are every variable loadConfig reads; each test starts from none set.
 var allVars = []string{"DNS_LISTEN", "DNS_UPSTREAM", "DNS_UPSTREAM_TIMEOUT", "DNS_RATE_LIMIT",
 	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR",
-	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT", "DNS_MAX_UDP_SIZE", "DNS_UPSTREAM_0X20"}
+	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT", "DNS_MAX_UDP_SIZE", "DNS_UPSTREAM_0X20",
+	"DNS_ALLOW", "DNS_CLIENT_RATE_LIMIT", "DNS_CLIENT_PREFIX", "DNS_CLIENT_TABLE_SIZE", "DNS_CLIENT_EXEMPT", "DNS_LIMIT_ACTION"}
 
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -39,7 +43,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		BreakerMinSamples: 20, BreakerWindow: 100, BreakerCoolOff: 5 * time.Second, MetricsAddr: "127.0.0.1:9398",
 		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second, MaxUDPSize: 1232, Upstream0x20: true,
 	}
-	if cfg != want {
+	want.Allow.Prefixes = guard.DefaultAccessPrefixes()
+	want.ClientPrefix, want.ClientTableSize = ClientPrefix{32, 64}, 100000
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", cfg, want)
 	}
 	if cfg.RateLimit.On() || cfg.BreakerThreshold != 0 {
@@ -390,5 +396,97 @@ func TestConfigUDPSizeAnd0x20(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			wantConfigError(t, map[string]string{"DNS_UPSTREAM_0X20": v}, `DNS_UPSTREAM_0X20="`+v+`": must be on or off (also true/false, 1/0)`)
 		})
+	}
+}
+
+// The variables of who may ask and how much: the access list, the
+// per-client bucket and what a refused query gets.
+func TestConfigAccessAndClients(t *testing.T) {
+	prefixes := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	good := []struct {
+		env   map[string]string
+		check func(Config) bool
+	}{
+		{nil, func(c Config) bool {
+			return !c.Allow.Any && reflect.DeepEqual(c.Allow.Prefixes, guard.DefaultAccessPrefixes()) &&
+				!c.ClientRateLimit.On() && c.ClientPrefix == ClientPrefix{32, 64} && c.ClientTableSize == 100000 &&
+				len(c.ClientExempt) == 0 && c.LimitAction == LimitAction{}
+		}},
+		{map[string]string{"DNS_ALLOW": "any"}, func(c Config) bool { return c.Allow.Any }},
+		{map[string]string{"DNS_ALLOW": " Any "}, func(c Config) bool { return c.Allow.Any }},
+		{map[string]string{"DNS_ALLOW": "192.0.2.0/24, 2001:db8::/32"}, func(c Config) bool {
+			return reflect.DeepEqual(c.Allow.Prefixes, prefixes("192.0.2.0/24", "2001:db8::/32"))
+		}},
+		{map[string]string{"DNS_ALLOW": "192.0.2.7"}, func(c Config) bool { return reflect.DeepEqual(c.Allow.Prefixes, prefixes("192.0.2.7/32")) }},
+		{map[string]string{"DNS_ALLOW": "local,198.51.100.0/24"}, func(c Config) bool {
+			return reflect.DeepEqual(c.Allow.Prefixes, append(guard.DefaultAccessPrefixes(), prefixes("198.51.100.0/24")...))
+		}},
+		{map[string]string{"DNS_CLIENT_RATE_LIMIT": "20"}, func(c Config) bool { return c.ClientRateLimit == RateLimit{20, 20} }},
+		{map[string]string{"DNS_CLIENT_RATE_LIMIT": "20,40"}, func(c Config) bool { return c.ClientRateLimit == RateLimit{20, 40} }},
+		{map[string]string{"DNS_CLIENT_PREFIX": "24,56"}, func(c Config) bool { return c.ClientPrefix == ClientPrefix{24, 56} }},
+		{map[string]string{"DNS_CLIENT_PREFIX": "0,128"}, func(c Config) bool { return c.ClientPrefix == ClientPrefix{0, 128} }},
+		{map[string]string{"DNS_CLIENT_PREFIX": " 32 , 0 "}, func(c Config) bool { return c.ClientPrefix == ClientPrefix{32, 0} }},
+		{map[string]string{"DNS_CLIENT_TABLE_SIZE": "8"}, func(c Config) bool { return c.ClientTableSize == 8 }},
+		{map[string]string{"DNS_CLIENT_TABLE_SIZE": "10000000"}, func(c Config) bool { return c.ClientTableSize == 10000000 }},
+		{map[string]string{"DNS_CLIENT_EXEMPT": "10.0.0.1, fd00::/8"}, func(c Config) bool {
+			return reflect.DeepEqual([]netip.Prefix(c.ClientExempt), prefixes("10.0.0.1/32", "fd00::/8"))
+		}},
+		{map[string]string{"DNS_LIMIT_ACTION": "drop"}, func(c Config) bool { return c.LimitAction == LimitAction{Kind: ActionDrop} }},
+		{map[string]string{"DNS_LIMIT_ACTION": "Refuse"}, func(c Config) bool { return c.LimitAction == LimitAction{Kind: ActionRefuse} }},
+		{map[string]string{"DNS_LIMIT_ACTION": "slip"}, func(c Config) bool { return c.LimitAction == LimitAction{ActionSlip, 2} }},
+		{map[string]string{"DNS_LIMIT_ACTION": "SLIP:1"}, func(c Config) bool { return c.LimitAction == LimitAction{ActionSlip, 1} }},
+		{map[string]string{"DNS_LIMIT_ACTION": "slip: 10"}, func(c Config) bool { return c.LimitAction == LimitAction{ActionSlip, 10} }},
+	}
+	for _, tt := range good {
+		t.Run(envString(tt.env), func(t *testing.T) {
+			setEnv(t, withUpstream(tt.env))
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(cfg) {
+				t.Fatalf("parsed as %+v", cfg)
+			}
+		})
+	}
+	const (
+		cidrs  = "must be any, or a comma-separated list of CIDR prefixes or addresses (such as 192.0.2.0/24, 2001:db8::/32), local for the default networks"
+		exempt = "must be a comma-separated list of CIDR prefixes or addresses, such as 192.0.2.0/24, 2001:db8::/32"
+		prefix = "must be v4len,v6len: an IPv4 prefix length 0..32 and an IPv6 one 0..128, such as 32,64"
+		action = "must be drop, refuse, slip or slip:N with N from 1 to 10"
+	)
+	bad := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DNS_ALLOW": "10.0.0.0/33"}, `DNS_ALLOW="10.0.0.0/33": ` + cidrs},
+		{map[string]string{"DNS_ALLOW": "10.0.0/8"}, `DNS_ALLOW="10.0.0/8": ` + cidrs},
+		{map[string]string{"DNS_ALLOW": "10.0.0.0/8,"}, `DNS_ALLOW="10.0.0.0/8,": ` + cidrs},
+		{map[string]string{"DNS_ALLOW": "any,10.0.0.0/8"}, `DNS_ALLOW="any,10.0.0.0/8": ` + cidrs},
+		{map[string]string{"DNS_ALLOW": "fe80::1%eth0"}, `DNS_ALLOW="fe80::1%eth0": ` + cidrs},
+		{map[string]string{"DNS_CLIENT_EXEMPT": "nobody"}, `DNS_CLIENT_EXEMPT="nobody": ` + exempt},
+		{map[string]string{"DNS_CLIENT_EXEMPT": "any"}, `DNS_CLIENT_EXEMPT="any": ` + exempt},
+		{map[string]string{"DNS_CLIENT_PREFIX": "33,64"}, `DNS_CLIENT_PREFIX="33,64": ` + prefix},
+		{map[string]string{"DNS_CLIENT_PREFIX": "24,129"}, `DNS_CLIENT_PREFIX="24,129": ` + prefix},
+		{map[string]string{"DNS_CLIENT_PREFIX": "24"}, `DNS_CLIENT_PREFIX="24": ` + prefix},
+		{map[string]string{"DNS_CLIENT_PREFIX": "-1,64"}, `DNS_CLIENT_PREFIX="-1,64": ` + prefix},
+		{map[string]string{"DNS_CLIENT_TABLE_SIZE": "7"}, `DNS_CLIENT_TABLE_SIZE="7": must be an integer from 8 to 10000000`},
+		{map[string]string{"DNS_CLIENT_TABLE_SIZE": "10000001"}, `DNS_CLIENT_TABLE_SIZE="10000001": must be an integer from 8 to 10000000`},
+		{map[string]string{"DNS_CLIENT_RATE_LIMIT": "0"}, `DNS_CLIENT_RATE_LIMIT="0": rate must be a number of queries per second from 0.001 to 100000000, or off`},
+		{map[string]string{"DNS_CLIENT_RATE_LIMIT": "0.001,100000000"}, `DNS_CLIENT_RATE_LIMIT="0.001,100000000": a bucket must refill within 100 years: burst/rate is 1e+11 s`},
+		{map[string]string{"DNS_LIMIT_ACTION": "slip:0"}, `DNS_LIMIT_ACTION="slip:0": ` + action},
+		{map[string]string{"DNS_LIMIT_ACTION": "slip:11"}, `DNS_LIMIT_ACTION="slip:11": ` + action},
+		{map[string]string{"DNS_LIMIT_ACTION": "slip:x"}, `DNS_LIMIT_ACTION="slip:x": ` + action},
+		{map[string]string{"DNS_LIMIT_ACTION": "servfail"}, `DNS_LIMIT_ACTION="servfail": ` + action},
+		{map[string]string{"DNS_LIMIT_ACTION": "drop:2"}, `DNS_LIMIT_ACTION="drop:2": ` + action},
+	}
+	for _, tt := range bad {
+		t.Run(envString(tt.env), func(t *testing.T) { wantConfigError(t, tt.env, tt.want) })
 	}
 }

@@ -2,7 +2,7 @@ package main
 
 import (
 	"encoding/binary"
-	"math"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -58,18 +58,25 @@ func (r *waitingRecorder) Drop() {
 }
 
 // FuzzServePacket feeds arbitrary bytes through the server's parse step into
-// handleQuery with both gates on, and on to a real upstream client (random
-// IDs, 0x20, byte-exact reply validation) and a fake upstream on loopback,
-// so that what comes back has passed the same checks as in production.
-// Whatever comes in: no panic, exactly one answer or drop, and an answer
-// carries the packet's ID, has QR set, parses, and fits the client's UDP
-// size (512 without EDNS, at most DNS_MAX_UDP_SIZE with it).
+// handleQuery with every gate on — the access list, the per-client bucket,
+// the global bucket (all three tight, so refusals happen, answered by slip),
+// the breaker — and on to a real upstream client (random IDs, 0x20,
+// byte-exact reply validation) and a fake upstream on loopback, so that what
+// comes back has passed the same checks as in production. The packet's
+// first byte picks its client, 127.0.0.x, and the access list admits
+// x < 128. Whatever comes in: no panic, exactly one answer or drop, and an
+// answer carries the packet's ID, has QR set, parses, fits the client's UDP
+// size (512 without EDNS, at most DNS_MAX_UDP_SIZE with it), and is REFUSED
+// for a client outside the list.
 func FuzzServePacket(f *testing.F) {
 	q := new(dns.Msg)
 	q.SetQuestion("www.example.com.", dns.TypeA)
 	b, _ := q.Pack()
 	f.Add(b)
 	q.SetEdns0(4096, true)
+	b, _ = q.Pack()
+	f.Add(b)
+	q.Id = 0xF000 // a client outside the list
 	b, _ = q.Pack()
 	f.Add(b)
 
@@ -84,17 +91,31 @@ func FuzzServePacket(f *testing.F) {
 	}
 	f.Cleanup(func() { up.Close() })
 	const maxUDP = 1232
-	m := metrics.New()
+	clock := guard.NewManualClock(time.Unix(1e9, 0))
 	p := &proxy{
-		limiter:     guard.NewTokenBucket(math.MaxInt32, math.MaxInt32, guard.RealClock{}),
+		access:      guard.NewAccessList(netip.MustParsePrefix("127.0.0.0/25")),
+		denied:      guard.NewTokenBucket(deniedRate, deniedBurst, clock),
+		clients:     guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock),
+		limiter:     guard.NewTokenBucket(1, 64, clock),
+		action:      LimitAction{Kind: ActionSlip, N: 2},
 		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
 		maxInflight: 1000,
 		maxUDPSize:  maxUDP,
 		upstream:    up,
-		metrics:     m,
+		metrics:     metrics.New(),
 	}
-	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.handleQuery)}
+	var client netip.AddrPort // set before each packet; read by the handler, on the same goroutine
+	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {
+		q.Client = client
+		p.handleQuery(w, q)
+	})}
 	f.Fuzz(func(t *testing.T, pkt []byte) {
+		var x byte
+		if len(pkt) > 0 {
+			x = pkt[0]
+		}
+		client = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, x}), 5353)
+		clock.Advance(100 * time.Millisecond) // the buckets refill now and then
 		w := &waitingRecorder{done: make(chan struct{})}
 		srv.ServePacket(w, append([]byte(nil), pkt...)) // the server may keep the bytes until the answer
 		select {
@@ -127,8 +148,12 @@ func FuzzServePacket(f *testing.F) {
 		if len(ans) > size {
 			t.Fatalf("a %d-byte UDP answer for a client that takes %d", len(ans), size)
 		}
-		if err := new(dns.Msg).Unpack(ans); err != nil {
+		r := new(dns.Msg)
+		if err := r.Unpack(ans); err != nil {
 			t.Fatalf("the answer does not parse: %v", err)
+		}
+		if x >= 128 && r.Rcode != dns.RcodeRefused {
+			t.Fatalf("a client outside the access list got %s", dns.RcodeToString[r.Rcode])
 		}
 	})
 }

@@ -1,7 +1,9 @@
-// Command dnsproxi is a DNS forwarding proxy with two guard gates: a token
-// bucket that refuses traffic beyond a rate (DNS_RATE_LIMIT) and a circuit
-// breaker that stops sending to an upstream that keeps failing
-// (DNS_BREAKER_THRESHOLD). Both are off by default. Run dnsproxi -h for the
+// Command dnsproxi is a DNS forwarding proxy with guard gates: an access
+// list (DNS_ALLOW, local and private networks by default), a token bucket
+// per client (DNS_CLIENT_RATE_LIMIT) and one shared by all (DNS_RATE_LIMIT)
+// that refuse traffic beyond a rate, and a circuit breaker that stops
+// sending to an upstream that keeps failing (DNS_BREAKER_THRESHOLD). The
+// buckets and the breaker are off by default. Run dnsproxi -h for the
 // variables. SIGINT or SIGTERM stops it once the queries in flight are
 // answered; SIGHUP is logged and changes nothing.
 package main
@@ -70,7 +72,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
-		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL())
+		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
+		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String())
+	if cfg.Allow.Any {
+		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
+	}
 	if ready != nil {
 		ready(a)
 	}
@@ -91,6 +97,15 @@ serving:
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// clientSummary describes the per-client gate for the start-up log.
+func clientSummary(cfg Config) string {
+	if !cfg.ClientRateLimit.On() {
+		return "off"
+	}
+	return fmt.Sprintf("%s per prefix /%s, table %d, exempt %s",
+		cfg.ClientRateLimit, cfg.ClientPrefix, cfg.ClientTableSize, cfg.ClientExempt)
 }
 
 func breakerSummary(cfg Config) string {
@@ -137,13 +152,15 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+	access, denied, clients := initAccess(cfg, clock)
+	m.WatchClients(clientStats(clients))
 	m.WatchUpstream(func() metrics.UpstreamStats {
 		s := up.Stats()
 		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
 			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
 	})
-	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
-		upstream: up, metrics: m}
+	p := &proxy{access: access, denied: denied, clients: clients, limiter: limiter, action: cfg.LimitAction,
+		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,

@@ -19,13 +19,18 @@ type forwarder interface {
 	Forward(query []byte, network string, done upstream.Result)
 }
 
-// proxy answers queries by forwarding them through the two gates. Its zero
+// proxy answers queries by forwarding them through the gates. Its zero
 // fields are off or take their defaults.
 type proxy struct {
-	limiter     *guard.TokenBucket // entry gate; nil: off
-	breaker     *guard.Breaker     // forward gate; nil: off
-	maxInflight int64              // cap on queries at the upstream; 0: none
-	maxUDPSize  int                // largest UDP answer, and the size advertised upstream; 0: 1232
+	access      *guard.AccessList    // who may ask; nil: anyone (DNS_ALLOW=any)
+	denied      *guard.TokenBucket   // REFUSED answers to denied UDP queries; nil: no bound
+	clients     *guard.ClientLimiter // entry gate per client prefix, UDP only; nil: off
+	limiter     *guard.TokenBucket   // entry gate; nil: off
+	action      LimitAction          // what a UDP query refused by an entry gate gets
+	slips       atomic.Uint64        // UDP queries refused under slip, to answer every Nth
+	breaker     *guard.Breaker       // forward gate; nil: off
+	maxInflight int64                // cap on queries at the upstream; 0: none
+	maxUDPSize  int                  // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
 	upstream    forwarder
 	metrics     *metrics.Metrics
@@ -43,33 +48,51 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		qtype = metrics.OtherRow
 	}
 
-	// 1. Entry gate: beyond the rate, drop over UDP; over TCP, whose source
-	// the handshake proved, REFUSED, or the client waits out its timeout.
-	// Every query pays, well-formed or not.
-	if p.limiter != nil && !p.limiter.Allow(1) {
-		if q.Net == "tcp" {
-			p.own(w, q, dns.RcodeRefused)
+	// 0. Access: a client outside DNS_ALLOW is REFUSED before it can spend
+	// anyone's tokens. Over UDP its address may be forged, so those answers
+	// have a small bucket of their own and beyond it are dropped: a spoofed
+	// flood can make the proxy reflect a few small answers a second, no more.
+	if p.access != nil && !p.access.Contains(q.Client.Addr()) {
+		if q.Net == "tcp" || p.denied == nil || p.denied.Allow(1) {
+			p.own(w, q, dns.RcodeRefused, edeDenied)
 		} else {
 			w.Drop()
 		}
+		p.count(qtype, metrics.Denied, start)
+		return
+	}
+
+	// 1. Entry gates: the client's own bucket first (UDP, where addresses
+	// can be forged and floods are cheap), so a flooder's excess never
+	// drains the bucket everyone shares; then the shared one. Beyond either,
+	// a UDP query gets what DNS_LIMIT_ACTION says (limits.go); a TCP query,
+	// whose source the handshake proved, REFUSED. Every query pays,
+	// well-formed or not.
+	if p.clients != nil && q.Net != "tcp" && !p.clients.Allow(q.Client.Addr()) {
+		p.limited(w, q, edeClientLimit)
+		p.count(qtype, metrics.ClientLimited, start)
+		return
+	}
+	if p.limiter != nil && !p.limiter.Allow(1) {
+		p.limited(w, q, edeRateLimit)
 		p.count(qtype, metrics.RateLimited, start)
 		return
 	}
 	switch {
 	case q.Malformed:
-		p.refuse(w, q, dns.RcodeFormatError, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeFormatError, nil, qtype, metrics.FormErr, start)
 		return
 	case q.Opcode != dns.OpcodeQuery:
-		p.refuse(w, q, dns.RcodeNotImplemented, qtype, metrics.NotImp, start)
+		p.refuse(w, q, dns.RcodeNotImplemented, nil, qtype, metrics.NotImp, start)
 		return
 	case q.QDCount != 1:
-		p.refuse(w, q, dns.RcodeFormatError, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeFormatError, nil, qtype, metrics.FormErr, start)
 		return
 	case q.EDNS.Version > 0: // RFC 6891 §6.1.3: the proxy speaks version 0
-		p.refuse(w, q, dns.RcodeBadVers, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeBadVers, nil, qtype, metrics.FormErr, start)
 		return
 	case q.QType == dns.TypeAXFR || q.QType == dns.TypeIXFR: // relayed over UDP they would be cut
-		p.refuse(w, q, dns.RcodeRefused, qtype, metrics.TransferRefused, start)
+		p.refuse(w, q, dns.RcodeRefused, nil, qtype, metrics.TransferRefused, start)
 		return
 	}
 
@@ -85,7 +108,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// take the half-open probe's place.
 	if !p.enter() {
 		f.recycle()
-		p.refuse(w, q, dns.RcodeRefused, qtype, metrics.Overloaded, start)
+		p.refuse(w, q, dns.RcodeRefused, edeOverloaded, qtype, metrics.Overloaded, start)
 		return
 	}
 
@@ -95,7 +118,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		if f.permit, err = p.breaker.Acquire(); err != nil {
 			p.leave()
 			f.recycle()
-			p.refuse(w, q, dns.RcodeServerFailure, qtype, metrics.BreakerOpen, start)
+			p.refuse(w, q, dns.RcodeServerFailure, edeBreakerOpen, qtype, metrics.BreakerOpen, start)
 			return
 		}
 	}
@@ -131,6 +154,10 @@ func (f *flight) land(_, reply []byte, err error) {
 	if ok {
 		p.noteRA(ua.flags)
 	}
+	var failed *ede
+	if !ok {
+		failed = upstreamEDE(err)
+	}
 	bp := getBuf()
 	b := *bp
 	for i := range f.waiters {
@@ -142,7 +169,7 @@ func (f *flight) land(_, reply []byte, err error) {
 			continue
 		}
 		// A failure, or a reply whose records cannot be walked: SERVFAIL.
-		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure)
+		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure, failed)
 		wt.w.Write(b)
 		p.count(wt.qtype, metrics.UpstreamError, wt.start)
 	}
@@ -195,17 +222,18 @@ func (p *proxy) leave() {
 	p.metrics.InFlight.Dec()
 }
 
-// refuse answers q with the proxy's own answer, rcode, and counts outcome o.
-func (p *proxy) refuse(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
-	p.own(w, q, rcode)
+// refuse answers q with the proxy's own answer, rcode and e, and counts
+// outcome o.
+func (p *proxy) refuse(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e *ede, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
+	p.own(w, q, rcode, e)
 	p.count(qtype, o, start)
 }
 
 // own answers q with the proxy's own answer, rcode: its question if it was
-// read, an OPT record if it sent one.
-func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int) {
+// read, an OPT record if it sent one, with e as its Extended DNS Error.
+func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e *ede) {
 	bp := getBuf()
-	b := p.appendOwn((*bp)[:0], wire.ID(q.Wire), wire.Flags(q.Wire), q.Wire[wire.HeaderLen:q.QEnd], q.EDNS.Present, q.EDNS.DO, rcode)
+	b := p.appendOwn((*bp)[:0], wire.ID(q.Wire), wire.Flags(q.Wire), q.Wire[wire.HeaderLen:q.QEnd], q.EDNS.Present, q.EDNS.DO, rcode, e)
 	w.Write(b)
 	putBuf(bp, b)
 }

@@ -76,10 +76,16 @@ func groupOf(groups *[]prefixGroup, bits int, mask prefixMask) *prefixGroup {
 }
 
 // DefaultAccessList returns the list a forwarder should answer when nobody
-// chose one: loopback (127.0.0.0/8, ::1/128), RFC 1918 (10.0.0.0/8,
+// chose one: the prefixes of DefaultAccessPrefixes.
+func DefaultAccessList() *AccessList {
+	return NewAccessList(DefaultAccessPrefixes()...)
+}
+
+// DefaultAccessPrefixes returns, in a fresh slice, the local and private
+// networks: loopback (127.0.0.0/8, ::1/128), RFC 1918 (10.0.0.0/8,
 // 172.16.0.0/12, 192.168.0.0/16), RFC 6598 (100.64.0.0/10), link-local
 // (169.254.0.0/16, fe80::/10) and IPv6 unique local (fc00::/7).
-func DefaultAccessList() *AccessList {
+func DefaultAccessPrefixes() []netip.Prefix {
 	var prefixes []netip.Prefix
 	for _, s := range []string{
 		"127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
@@ -88,7 +94,7 @@ func DefaultAccessList() *AccessList {
 	} {
 		prefixes = append(prefixes, netip.MustParsePrefix(s))
 	}
-	return NewAccessList(prefixes...)
+	return prefixes
 }
 
 // Contains reports whether a prefix of the list holds addr. The zero Addr is

@@ -27,10 +27,13 @@ const (
 	FormErr                        // not a single question: FORMERR
 	NotImp                         // an opcode other than QUERY: NOTIMP
 	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
+	Denied                         // a client outside the access list: REFUSED, or over UDP beyond its bucket dropped
+	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused"}
+var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused",
+	"denied", "client_limited"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }
@@ -189,5 +192,32 @@ func (m *Metrics) WatchUpstream(read func() UpstreamStats) {
 			}
 			return 0
 		}),
+	)
+}
+
+// ClientStats is what the per-client table counts itself; the metrics read
+// it at every scrape. All zero while the per-client gate is off.
+type ClientStats struct {
+	Entries   int    // prefixes holding a slot
+	Evictions uint64 // full buckets that gave their slot to a new prefix
+	Overflows uint64 // queries whose prefix found no slot and shared the overflow bucket
+}
+
+// WatchClients exports the per-client table's counts, read at scrape time.
+// No series carries a client's address or prefix.
+func (m *Metrics) WatchClients(read func() ClientStats) {
+	m.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "client_table_entries",
+			Help: "Client prefixes holding a bucket in the per-client table (at most DNS_CLIENT_TABLE_SIZE).",
+		}, func() float64 { return float64(read().Entries) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "client_table_evictions_total",
+			Help: "Full (idle) client buckets that gave their slot to a new prefix.",
+		}, func() float64 { return float64(read().Evictions) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "client_overflow_total",
+			Help: "Queries whose client prefix found the table full of busy buckets and shared the overflow bucket.",
+		}, func() float64 { return float64(read().Overflows) }),
 	)
 }

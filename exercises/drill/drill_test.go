@@ -39,6 +39,13 @@ func TestDrills(t *testing.T) {
 				t.Errorf("slownames numbers %v", n)
 			}
 		},
+		"fairness": func(t *testing.T, n map[string]int) {
+			if n["global_polite_pct"] >= 50 || n["fair_polite_pct"] < 99 || n["slip_polite_pct"] < 99 ||
+				n["fair_flood_ok"] > n["quota"]+1 || n["slip_tc"] == 0 || n["slip_tc"] > n["slip_refused"]/2+1 ||
+				n["slip_tcp_ok"] < n["slip_tcp_retries"]*99/100 {
+				t.Errorf("fairness numbers %v", n)
+			}
+		},
 		"overload": func(t *testing.T, n map[string]int) {
 			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
 				t.Errorf("overload numbers %v", n)

@@ -3,7 +3,7 @@
 // through its environment, clients on loopback, and a report read from the
 // proxy's /metrics. It exits 1 when a gate did not behave as the chapter says.
 //
-//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|overload|all [-quick]
+//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|overload|fairness|all [-quick]
 //	go run ./exercises/drill upstream -mode blackhole -addr 127.0.0.1:5300
 package main
 
@@ -31,6 +31,7 @@ var drills = []struct {
 	{"slow", "what clients see of a slow upstream, without and with the breaker", drillSlow},
 	{"slownames", "slow names among answered neighbours cannot open the breaker; a dark upstream still does", drillSlowNames},
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
+	{"fairness", "one flooder and twenty polite clients: the global bucket, the per-client bucket, slip", drillFairness},
 }
 
 // harnesses run by name only, not by "all": they measure rather than teach.
@@ -39,6 +40,7 @@ var harnesses = []struct {
 	run           func(*rig) error
 }{
 	{"blackhole-flood", "3000 QPS at a blackholed upstream: memory, goroutines, latency, in three configurations", drillBlackholeFlood},
+	{"sources", "one query from each of 200,000 loopback sources: the per-client table's memory bound", drillSources},
 }
 
 func main() {

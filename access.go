@@ -1,0 +1,204 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"dnsproxi/guard"
+	"dnsproxi/metrics"
+)
+
+// How many REFUSED answers denied UDP queries get, in all: a client outside
+// the access list by mistake learns that it is refused, and a flood forging
+// a victim's address makes the proxy send it at most deniedRate small
+// answers a second. Beyond it, denied UDP queries are dropped.
+const (
+	deniedRate  = 10
+	deniedBurst = 10
+)
+
+// AccessRule is DNS_ALLOW: the clients that may query. The zero value is
+// the default list (local and private networks).
+type AccessRule struct {
+	Any      bool           // any: every address may query
+	Prefixes []netip.Prefix // the list, when not Any; nil: the default list
+}
+
+var errAllow = errors.New("must be any, or a comma-separated list of CIDR prefixes or addresses (such as 192.0.2.0/24, 2001:db8::/32), local for the default networks")
+
+// Decode parses any, or a comma-separated list of prefixes and addresses in
+// which local stands for the default networks (any case).
+func (r *AccessRule) Decode(s string) error {
+	if strings.EqualFold(strings.TrimSpace(s), "any") {
+		*r = AccessRule{Any: true}
+		return nil
+	}
+	var prefixes []netip.Prefix
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if strings.EqualFold(item, "local") {
+			prefixes = append(prefixes, guard.DefaultAccessPrefixes()...)
+			continue
+		}
+		p, ok := parsePrefix(item)
+		if !ok {
+			return errAllow
+		}
+		prefixes = append(prefixes, p)
+	}
+	*r = AccessRule{Prefixes: prefixes}
+	return nil
+}
+
+// String describes the rule for the start-up log.
+func (r AccessRule) String() string {
+	switch {
+	case r.Any:
+		return "any"
+	case r.Prefixes == nil:
+		return "local"
+	}
+	return joinPrefixes(r.Prefixes)
+}
+
+// list is the access list the rule asks for; nil for any.
+func (r AccessRule) list() *guard.AccessList {
+	switch {
+	case r.Any:
+		return nil
+	case r.Prefixes == nil:
+		return guard.DefaultAccessList()
+	}
+	return guard.NewAccessList(r.Prefixes...)
+}
+
+// PrefixList is a comma-separated list of prefixes and addresses, as
+// DNS_CLIENT_EXEMPT takes. The zero value is empty.
+type PrefixList []netip.Prefix
+
+var errPrefixList = errors.New("must be a comma-separated list of CIDR prefixes or addresses, such as 192.0.2.0/24, 2001:db8::/32")
+
+// Decode parses the list.
+func (l *PrefixList) Decode(s string) error {
+	var prefixes PrefixList
+	for _, item := range strings.Split(s, ",") {
+		p, ok := parsePrefix(strings.TrimSpace(item))
+		if !ok {
+			return errPrefixList
+		}
+		prefixes = append(prefixes, p)
+	}
+	*l = prefixes
+	return nil
+}
+
+// String formats the list as it is written.
+func (l PrefixList) String() string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return joinPrefixes(l)
+}
+
+// parsePrefix reads a CIDR prefix, or an address as the prefix of its own
+// length. A zone (fe80::1%eth0) names an interface, not clients: refused.
+func parsePrefix(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), true
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+func joinPrefixes(prefixes []netip.Prefix) string {
+	parts := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// ClientPrefix is DNS_CLIENT_PREFIX: how many leading bits of a client's
+// address name its bucket, for IPv4 and IPv6. 0 makes every address of the
+// family one client.
+type ClientPrefix struct {
+	V4, V6 int
+}
+
+var errClientPrefix = errors.New("must be v4len,v6len: an IPv4 prefix length 0..32 and an IPv6 one 0..128, such as 32,64")
+
+// Decode parses "v4len,v6len".
+func (c *ClientPrefix) Decode(s string) error {
+	v4, v6, ok := strings.Cut(s, ",")
+	if !ok {
+		return errClientPrefix
+	}
+	var p ClientPrefix
+	var ok4, ok6 bool
+	p.V4, ok4 = prefixLen(v4, 32)
+	p.V6, ok6 = prefixLen(v6, 128)
+	if !ok4 || !ok6 {
+		return errClientPrefix
+	}
+	*c = p
+	return nil
+}
+
+// String formats the lengths as they are written.
+func (c ClientPrefix) String() string { return fmt.Sprintf("%d,%d", c.V4, c.V6) }
+
+// prefixLen reads a prefix length from 0 to most, digits only.
+func prefixLen(s string, most int) (int, bool) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.Atoi(s)
+	if err != nil || s == "" || strings.Trim(s, "0123456789") != "" || n > most {
+		return 0, false
+	}
+	return n, true
+}
+
+// bits is a prefix length as guard takes it: 0 is guard.ZeroBits.
+func bits(n int) int {
+	if n == 0 {
+		return guard.ZeroBits
+	}
+	return n
+}
+
+// initAccess builds the access list (nil: any), the bucket of REFUSED
+// answers to denied UDP queries, and the per-client gate (nil: off).
+func initAccess(cfg Config, clock guard.Clock) (*guard.AccessList, *guard.TokenBucket, *guard.ClientLimiter) {
+	access := cfg.Allow.list()
+	var denied *guard.TokenBucket
+	if access != nil {
+		denied = guard.NewTokenBucket(deniedRate, deniedBurst, clock)
+	}
+	var clients *guard.ClientLimiter
+	if cfg.ClientRateLimit.On() {
+		clients = guard.NewClientLimiter(guard.ClientLimiterConfig{
+			Rate:      cfg.ClientRateLimit.Rate,
+			Burst:     cfg.ClientRateLimit.Burst,
+			V4Len:     bits(cfg.ClientPrefix.V4),
+			V6Len:     bits(cfg.ClientPrefix.V6),
+			TableSize: cfg.ClientTableSize,
+			Exempt:    cfg.ClientExempt,
+		}, clock)
+	}
+	return access, denied, clients
+}
+
+// clientStats reads the per-client table for /metrics; zeros while it is off.
+func clientStats(clients *guard.ClientLimiter) func() metrics.ClientStats {
+	return func() metrics.ClientStats {
+		if clients == nil {
+			return metrics.ClientStats{}
+		}
+		return metrics.ClientStats{Entries: clients.Len(), Evictions: clients.Evictions(), Overflows: clients.Overflows()}
+	}
+}
