@@ -17,7 +17,8 @@ const (
 	RecheckAfter = 30 * time.Second
 )
 
-// MinSize is the smallest cache: room for a few of the largest messages.
+// MinSize is the smallest cache: its one shard has room for a few of the
+// largest messages, and a cache of several has 1 MiB a shard.
 const MinSize = 256 << 10
 
 // Config sets a Cache's bound and TTL rules. A zero field takes its

@@ -45,7 +45,6 @@ var (
 	ErrNoSOA       = errors.New("cache: negative answer without an SOA")
 	ErrZeroTTL     = errors.New("cache: reply's TTL is 0")
 	ErrUncacheable = errors.New("cache: zone transfers and client-subnet answers are not cached")
-	ErrTooLarge    = errors.New("cache: entry larger than a shard of the cache")
 )
 
 // DNS types and RCODEs read here.
@@ -55,6 +54,9 @@ const (
 	typeAXFR  = 252
 	rcodeNXDo = 3
 )
+
+// maxMessage is the length of the longest DNS message.
+const maxMessage = 65535
 
 // maxTTL is the largest TTL a record may hold (RFC 2181 §8): one with the
 // top bit set means 0.
@@ -75,7 +77,7 @@ type reply struct {
 // and the clamps in cfg. It reads and changes nothing else.
 func readReply(msg, key []byte, cfg *Config) (reply, error) {
 	var r reply
-	if len(msg) < wire.HeaderLen {
+	if len(msg) < wire.HeaderLen || len(msg) > maxMessage {
 		return r, ErrMalformed
 	}
 	flags := wire.Flags(msg)
