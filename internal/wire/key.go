@@ -51,3 +51,8 @@ func (k *Key) Set(question []byte, bits byte) bool {
 func (k *Key) Equal(o *Key) bool {
 	return k.Hash == o.Hash && k.n == o.n && string(k.b[:k.n]) == string(o.b[:o.n]) // a memory compare, no allocation
 }
+
+// Bytes returns what k compares: the question with its name lower-cased,
+// then the bits. It aliases k, so a cache can keep a copy to tell two keys
+// with one Hash apart without holding a whole Key.
+func (k *Key) Bytes() []byte { return k.b[:k.n] }

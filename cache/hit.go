@@ -1,0 +1,103 @@
+package cache
+
+import (
+	"encoding/binary"
+
+	"dnsproxi/internal/wire"
+)
+
+// Extended DNS Error info codes of a stale answer (RFC 8914).
+const (
+	EDEStaleAnswer   = 3
+	EDEStaleNXDomain = 19
+)
+
+// Hit is what Lookup found: what an answer is built from. The records it
+// gives follow the question in a message (their compressed names point
+// there), so an answer is the client's header and question, then
+// AppendRecords, then the client's own OPT. Its zero value is no hit.
+type Hit struct {
+	e        *entry
+	age      uint32 // whole seconds since the entry was stored
+	stale    bool
+	prefetch bool
+}
+
+// Flags returns the stored header flags: the upstream's RA, AD and RCODE.
+// TC is never set and AA never kept: a cached answer is not authoritative.
+func (h Hit) Flags() uint16 { return h.e.flags }
+
+// Counts returns the records in the answer, authority and additional
+// sections; the additional count leaves out the OPT record.
+func (h Hit) Counts() (an, ns, ar int) { return int(h.e.an), int(h.e.ns), int(h.e.ar) }
+
+// Negative reports whether the answer is NXDOMAIN or NODATA.
+func (h Hit) Negative() bool { return h.e.negative }
+
+// Stale reports whether the answer is past its TTL: its records say
+// StaleTTL, and it carries the EDE StaleEDE gives.
+func (h Hit) Stale() bool { return h.stale }
+
+// Prefetch reports whether this lookup is the one, in the entry's last
+// tenth of TTL, that should refresh it in the background (Config.Prefetch).
+func (h Hit) Prefetch() bool { return h.prefetch }
+
+// TTL returns the seconds the answer's records count from: the entry's TTL
+// less its age, or StaleTTL for a stale answer.
+func (h Hit) TTL() uint32 {
+	if h.stale {
+		return StaleTTL
+	}
+	return h.e.ttl - min(h.age, h.e.ttl)
+}
+
+// Len returns the length of the records AppendRecords appends.
+func (h Hit) Len() int { return int(h.e.recLen) }
+
+// AppendRecords appends the records to dst, every TTL counted down by the
+// entry's age (StaleTTL each when stale), and returns the extended slice.
+// It allocates only if dst has no room.
+func (h Hit) AppendRecords(dst []byte) []byte {
+	start := len(dst)
+	dst = append(dst, h.records()...)
+	h.CountDown(dst[start:])
+	return dst
+}
+
+// CountDown rewrites the TTL of every record in recs, a copy of the
+// records AppendRecords gives, for this hit: for a proxy that copies them
+// itself.
+func (h Hit) CountDown(recs []byte) {
+	offsets := h.e.data[int(h.e.keyLen)+int(h.e.recLen):]
+	for i := 0; i+1 < len(offsets); i += 2 {
+		at := int(binary.BigEndian.Uint16(offsets[i:]))
+		ttl := uint32(StaleTTL)
+		if !h.stale {
+			ttl = binary.BigEndian.Uint32(h.e.data[int(h.e.keyLen)+at:])
+			ttl -= min(ttl, h.age)
+		}
+		binary.BigEndian.PutUint32(recs[at:], ttl)
+	}
+}
+
+// records returns the stored records, TTLs at age 0. Never write to them.
+func (h Hit) records() []byte {
+	return h.e.data[h.e.keyLen : int(h.e.keyLen)+int(h.e.recLen)]
+}
+
+// StaleEDE returns the Extended DNS Error info code of this answer served
+// stale: EDEStaleNXDomain for an NXDOMAIN, EDEStaleAnswer otherwise.
+func (h Hit) StaleEDE() uint16 {
+	if h.e.flags&0xF == rcodeNXDo {
+		return EDEStaleNXDomain
+	}
+	return EDEStaleAnswer
+}
+
+// AppendStaleEDE appends the EDNS option of StaleEDE (code, length, info
+// code, no text) to dst, as the options of an OPT record hold it.
+func (h Hit) AppendStaleEDE(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, wire.OptionEDE)
+	dst = binary.BigEndian.AppendUint16(dst, 2)
+	return binary.BigEndian.AppendUint16(dst, h.StaleEDE())
+}
