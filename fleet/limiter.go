@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"dnsproxi/guard"
@@ -107,12 +108,19 @@ func New(c Config) (*Limiter, error) {
 	return l, nil
 }
 
+// silenceClient turns off go-redis's own logger, once per process: it would
+// print every failed dial to stderr by itself, while this package reports a
+// switch once, through OnSwitch, and leaves logging to its caller. The logger
+// is global to go-redis; dnsproxi has no other user of it.
+var silenceClient = sync.OnceFunc(logging.Disable)
+
 // newLimiter is New without the goroutine: tests drive step by hand.
 func newLimiter(c Config) (*Limiter, error) {
 	s, err := validate(c)
 	if err != nil {
 		return nil, err
 	}
+	silenceClient()
 	l := &Limiter{
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),

@@ -11,6 +11,9 @@ package fleet
 //     sized to about 100 ms of the demand seen since the previous call (what
 //     Allow spent plus what it could not serve), at least 1 and at most a
 //     tenth of a second of the fleet's rate (and the burst).
+//   - An idle instance keeps one token in hand (the smallest block, renewed
+//     as it expires), so the first query after a quiet spell does not wait
+//     for a call.
 //   - Calls are at least minGap apart, so an instance makes at most
 //     1 s / minGap calls a second whatever its demand or its luck; with no
 //     demand, one a second keeps the membership fresh.

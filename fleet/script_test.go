@@ -186,4 +186,3 @@ func TestLeaseScriptClockBack(t *testing.T) {
 		t.Fatalf("the bucket is still stamped %d µs ahead of Redis's clock", stamp-now)
 	}
 }
-
