@@ -119,10 +119,16 @@ func isReal(c guard.Clock) bool {
 // until something else is due.
 func (l *Limiter) step(now time.Time) time.Duration {
 	s := &l.loop
+	local := Mode(l.mode.Load()) == ModeLocal
+	if !local {
+		// Cleared before the lease is read: a shortage after this wakes the
+		// goroutine, one before it is seen below. (In local mode Allow finds
+		// the lease empty every time; the once-a-second call clears it.)
+		l.asking.Store(false)
+	}
 	l.lease.expire(now)
 	s.demand += l.lease.spent() + l.unmet.Swap(0)
 	since := now.Sub(s.lastCall)
-	local := Mode(l.mode.Load()) == ModeLocal
 	short := l.lease.tokens.Load() < l.lease.low.Load()
 	if since >= checkInterval || (!local && short && since >= minGap) {
 		_ = l.call(now) // a failure is reported through the switch

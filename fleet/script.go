@@ -5,11 +5,15 @@ package fleet
 //
 //   - The bucket (a hash: tokens, ts in microseconds) starts full and refills
 //     lazily at rate per second up to burst, like guard.TokenBucket.
-//   - A call asks for want tokens and is granted min(want, whole tokens
-//     held): never more than the bucket holds, possibly 0.
+//   - A call asks for want tokens and is granted at most want, at most the
+//     whole tokens held ÷ the instances counted (at least 1 while a whole
+//     token is held): never more than the bucket holds, possibly 0. The
+//     division keeps a starved fleet fair: calls from instances that drift
+//     into step would otherwise leave the first caller of each round the
+//     whole refill and the others crumbs.
 //   - A clock that stepped back (a failover to another server) earns
 //     nothing and is not waited for: ts moves to the new reading.
-//   - The same call refreshes the caller's membership in a sorted set scored
+//   - The same call first refreshes the caller's membership in a sorted set scored
 //     by expiry, drops the expired members and counts the rest, so the
 //     fleet's size costs no extra round trip.
 //   - Both keys expire on their own once nobody calls: an absent bucket is a
@@ -38,6 +42,10 @@ local want = tonumber(ARGV[3])
 local life_ms = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZADD', KEYS[2], string.format('%.0f', now + life_ms * 1000), ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[2], life_ms)
+local members = redis.call('ZCARD', KEYS[2])
 local held = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(held[1])
 local ts = tonumber(held[2])
@@ -51,17 +59,14 @@ if tokens > burst then
   tokens = burst
 end
 local granted = 0
-if want > 0 then
-  granted = math.min(want, math.floor(tokens))
+if want > 0 and tokens >= 1 then
+  granted = math.min(want, math.max(1, math.floor(tokens / members)))
 end
 tokens = tokens - granted
 local full_ms = math.ceil((burst - tokens) / rate * 1000) + 1000
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], full_ms)
-redis.call('ZADD', KEYS[2], string.format('%.0f', now + life_ms * 1000), ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now))
-redis.call('PEXPIRE', KEYS[2], life_ms)
-return {granted, redis.call('ZCARD', KEYS[2])}
+return {granted, members}
 `)
 
 // membershipLife is how long an instance counts in the fleet after its last

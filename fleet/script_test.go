@@ -44,6 +44,41 @@ func TestLeaseScriptGrants(t *testing.T) {
 	}
 }
 
+// TestLeaseScriptDividesTheBucket: with several instances counted, one call
+// takes at most the bucket ÷ the instances, so a starved fleet shares fairly.
+func TestLeaseScriptDividesTheBucket(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	keys := fleetKeys("divides")
+	const rate, burst = 0.001, 100
+	steps := []struct {
+		member        string
+		want, granted int64
+	}{
+		{"a", 0, 0},   // a joins: 100 held
+		{"b", 80, 50}, // 100 ÷ 2
+		{"a", 80, 25}, // 50 ÷ 2
+		{"b", 80, 12}, // 25 ÷ 2, rounded down
+		{"a", 80, 6},  // 13 ÷ 2
+		{"b", 80, 3},  // 7 ÷ 2
+		{"a", 80, 2},  // 4 ÷ 2
+		{"b", 80, 1},  // 2 ÷ 2
+		{"a", 80, 1},  // 1 held: at least one while a whole token is
+		{"b", 80, 0},  // none left
+	}
+	for i, s := range steps {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.granted != s.granted {
+			t.Errorf("step %d: %s asked %d, granted %d, want %d", i, s.member, s.want, got.granted, s.granted)
+		}
+	}
+}
+
 // TestLeaseScriptConcurrentCallers: callers on their own connections ask far
 // more than the bucket refills; the script's grants, summed, never exceed
 // burst + rate × (Redis's time from before the first call to after the last).
