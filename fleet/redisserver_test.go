@@ -19,7 +19,7 @@ import (
 // redisServer is a redis-server this test started on a free loopback port,
 // without persistence, stopped by t.Cleanup.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	cmd  *exec.Cmd
 	args []string
@@ -28,7 +28,7 @@ type redisServer struct {
 // startRedis starts redis-server from PATH and waits (at most 10 s) until it
 // says it accepts connections. A missing redis-server fails the test: no
 // test skips for want of it.
-func startRedis(t *testing.T, extra ...string) *redisServer {
+func startRedis(t testing.TB, extra ...string) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -44,7 +44,7 @@ func startRedis(t *testing.T, extra ...string) *redisServer {
 }
 
 // freePort finds a loopback TCP port nobody listens on now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
