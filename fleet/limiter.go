@@ -53,6 +53,8 @@ func (m Mode) String() string {
 
 // Switch reports a change of mode.
 type Switch struct {
+	// From and To are the modes before and after; the first report, from
+	// New, has From ModeStarting.
 	From, To Mode
 	// Instances is the fleet's size last seen on Redis, 0 if never.
 	Instances int
@@ -63,7 +65,8 @@ type Switch struct {
 	Err error
 }
 
-// Calls counts the Redis calls made, by result.
+// Calls counts the Redis calls made, by result: OK answered in time, Error
+// failed (refused, reset, a bad reply), Timeout ran past Config.Timeout.
 type Calls struct {
 	OK, Error, Timeout uint64
 }
