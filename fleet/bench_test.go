@@ -1,0 +1,107 @@
+package fleet
+
+import (
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"dnsproxi/guard"
+)
+
+// leaseInHand is a limiter holding more tokens than any run spends, with no
+// goroutine and no Redis: Allow's path with a lease in hand, alone.
+func leaseInHand() *Limiter {
+	l := &Limiter{wake: make(chan struct{}, 1)}
+	l.lease.tokens.Store(math.MaxInt64 / 2)
+	return l
+}
+
+// localOnly is a limiter in local mode with an empty lease: Allow's path
+// through the local bucket, which never runs dry here.
+func localOnly() *Limiter {
+	l := &Limiter{wake: make(chan struct{}, 1)}
+	l.asking.Store(true) // as in local mode between checks
+	l.local.Store(guard.NewTokenBucket(1e12, math.MaxInt32, guard.RealClock{}))
+	return l
+}
+
+// TestAllowDoesNotAllocate counts every allocation in 10,000 calls of Allow,
+// on the lease and through the local bucket.
+func TestAllowDoesNotAllocate(t *testing.T) {
+	cases := []struct {
+		name string
+		l    *Limiter
+	}{
+		{"lease in hand", leaseInHand()},
+		{"local bucket", localOnly()},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if allocs := testing.AllocsPerRun(10_000, func() {
+				if !c.l.Allow(1) {
+					t.Fatal("refused")
+				}
+			}); allocs != 0 {
+				t.Errorf("%v allocations per Allow, want 0", allocs)
+			}
+		})
+	}
+}
+
+// BenchmarkAllow compares Allow with a lease in hand to guard.TokenBucket's
+// Allow (the local limit), serial and parallel, in one run.
+func BenchmarkAllow(b *testing.B) {
+	bucket := func() *guard.TokenBucket { return guard.NewTokenBucket(1e12, math.MaxInt32, guard.RealClock{}) }
+	cases := []struct {
+		name  string
+		allow func(int) bool
+	}{
+		{"fleet-lease", leaseInHand().Allow},
+		{"fleet-local", localOnly().Allow},
+		{"guard-TokenBucket", bucket().Allow},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c.allow(1)
+			}
+		})
+		b.Run(c.name+"-parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					c.allow(1)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkAllowRedis is the whole limiter on a real Redis whose rate is far
+// above the load: the lease refilled by the goroutine while Allow runs.
+func BenchmarkAllowRedis(b *testing.B) {
+	r := startRedis(b)
+	l, err := New(Config{URL: r.url(), Rate: 1e9, Burst: 1e9, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	var admitted, offered atomic.Int64
+	b.ReportAllocs()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		var yes, all int64
+		for pb.Next() {
+			all++
+			if l.Allow(1) {
+				yes++
+			}
+		}
+		admitted.Add(yes)
+		offered.Add(all)
+	})
+	b.ReportMetric(float64(l.callsMade())/time.Since(start).Seconds(), "redis-calls/s")
+	b.ReportMetric(100*float64(admitted.Load())/float64(max(offered.Load(), 1)), "admitted-%")
+}

@@ -1,0 +1,256 @@
+package fleet
+
+// One goroutine per limiter does everything that touches Redis: it asks for
+// the next block before the lease runs out, keeps the membership fresh,
+// checks Redis about once a second, and moves between shared and local mode.
+// Allow never waits for it: a block late in coming is refused in shared
+// mode, and a call that fails or runs past the timeout switches the instance
+// to its local share.
+//
+//   - A block is asked when the lease falls below half the last block's size,
+//     sized to about 100 ms of the demand seen since the previous call (what
+//     Allow spent plus what it could not serve), at least 1 and at most a
+//     tenth of a second of the fleet's rate (and the burst).
+//   - An idle instance keeps one token in hand (the smallest block, renewed
+//     as it expires), so the first query after a quiet spell does not wait
+//     for a call.
+//   - Calls are at least minGap apart, so an instance makes at most
+//     1 s / minGap calls a second whatever its demand or its luck; with no
+//     demand, one a second keeps the membership fresh.
+//   - In local mode, one call a second (asking for a block) is the health
+//     check; the first answer returns the instance to shared mode.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"dnsproxi/guard"
+)
+
+// ErrRedis is wrapped by the error of a Switch to local mode: a Redis call
+// failed or ran past the timeout.
+var ErrRedis = errors.New("fleet: redis call failed")
+
+const (
+	// checkInterval is how often Redis is called with no demand, and how
+	// often local mode checks whether it is back.
+	checkInterval = time.Second
+	// minGap is the least time between two calls: at most 1s/minGap calls a second.
+	minGap = 60 * time.Millisecond
+	// demandHorizon is how much of the recent demand one block covers.
+	demandHorizon = 100 * time.Millisecond
+)
+
+// callResult indexes Limiter.calls.
+type callResult int
+
+const (
+	callOK callResult = iota
+	callError
+	callTimeout
+	callResults
+)
+
+// loopState is the goroutine's bookkeeping.
+type loopState struct {
+	lastCall    time.Time // when the last call was sent
+	demand      int64     // tokens wanted since lastCall
+	block       int64     // the size of the next block to ask for
+	maxBlock    int64
+	everShared  bool
+	switches    atomic.Uint64
+	hasReported bool
+}
+
+// start makes New's first call and reports the mode it leaves the limiter in.
+func (s *loopState) start(l *Limiter, now time.Time) {
+	s.maxBlock = int64(max(1, min(math.Ceil(l.s.Rate*demandHorizon.Seconds()), float64(l.s.Burst))))
+	s.block = 1
+	rate, burst := l.s.part(l.s.Fallback)
+	l.local.Store(guard.NewTokenBucket(rate, burst, l.s.Clock))
+	l.mode.Store(int32(ModeLocal))
+	l.lease.low.Store(1)
+	if err := l.call(now); err != nil {
+		s.report(l, Switch{From: ModeStarting, To: ModeLocal, Rate: rate, Err: err})
+	}
+}
+
+// run is the limiter's goroutine.
+func (l *Limiter) run() {
+	defer close(l.done)
+	var timer *time.Timer
+	for {
+		wait := l.step(l.now())
+		var fire <-chan time.Time
+		if tc, ok := l.s.Clock.(interface {
+			After(time.Duration) <-chan time.Time
+		}); ok && !isReal(l.s.Clock) {
+			fire = tc.After(wait)
+		} else {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+				defer timer.Stop()
+			} else {
+				timer.Reset(wait)
+			}
+			fire = timer.C
+		}
+		select {
+		case <-l.stop:
+			return
+		case <-l.wake:
+		case <-fire:
+		}
+	}
+}
+
+// isReal reports whether c is the wall clock.
+func isReal(c guard.Clock) bool {
+	_, ok := c.(guard.RealClock)
+	return ok
+}
+
+// step does what is due at now, at most one Redis call, and returns how long
+// until something else is due.
+func (l *Limiter) step(now time.Time) time.Duration {
+	s := &l.loop
+	local := Mode(l.mode.Load()) == ModeLocal
+	if !local {
+		// Cleared before the lease is read: a shortage after this wakes the
+		// goroutine, one before it is seen below. (In local mode Allow finds
+		// the lease empty every time; the once-a-second call clears it.)
+		l.asking.Store(false)
+	}
+	l.lease.expire(now)
+	s.demand += l.lease.spent() + l.unmet.Swap(0)
+	since := now.Sub(s.lastCall)
+	short := l.lease.tokens.Load() < l.lease.low.Load()
+	if since >= checkInterval || (!local && short && since >= minGap) {
+		_ = l.call(now) // a failure is reported through the switch
+		now = l.now()
+	}
+	due := s.lastCall.Add(checkInterval)
+	if Mode(l.mode.Load()) == ModeShared && l.lease.tokens.Load() < l.lease.low.Load() {
+		due = s.lastCall.Add(minGap)
+	}
+	if t, ok := l.lease.nextExpiry(); ok && t.Before(due) {
+		due = t
+	}
+	return max(due.Sub(now), 0)
+}
+
+// call asks Redis for a block (or only refreshes the membership when the
+// lease is full enough), then updates the lease and the mode. It returns
+// why Redis did not answer, the password redacted.
+func (l *Limiter) call(now time.Time) error {
+	s := &l.loop
+	s.sizeBlock(now)
+	l.asking.Store(false) // from here on, a new shortage wakes the goroutine again
+	want := int64(0)
+	if Mode(l.mode.Load()) != ModeShared || l.lease.tokens.Load() < l.lease.low.Load() {
+		want = s.block
+	}
+	s.lastCall = now
+
+	l.begun.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member)
+	cancel()
+	l.calls[classify(err)].Add(1)
+	if err != nil {
+		err = l.redisError(err)
+		l.toLocal(err)
+		return err
+	}
+	l.fleet.Store(int64(reply.instances))
+	l.lease.low.Store((s.block + 1) / 2)
+	l.lease.add(reply.granted, now.Add(leaseLife))
+	s.everShared = true
+	if from := Mode(l.mode.Load()); from != ModeShared {
+		if !s.hasReported {
+			from = ModeStarting
+		}
+		l.local.Store(nil)
+		l.mode.Store(int32(ModeShared))
+		s.report(l, Switch{From: from, To: ModeShared, Instances: reply.instances})
+	}
+	return nil
+}
+
+// sizeBlock sets the next block to about demandHorizon of the demand seen
+// since the last call, within [1, maxBlock], and starts a new count.
+func (s *loopState) sizeBlock(now time.Time) {
+	window := max(now.Sub(s.lastCall), minGap)
+	if s.lastCall.IsZero() {
+		window = checkInterval
+	}
+	perSecond := float64(s.demand) / window.Seconds()
+	s.block = int64(min(max(math.Ceil(perSecond*demandHorizon.Seconds()), 1), float64(s.maxBlock)))
+	s.demand = 0
+}
+
+// toLocal moves a shared-mode limiter to a local bucket holding its share of
+// the rate, starting empty: the tokens it had were the fleet's. A limiter
+// already local stays as it is.
+func (l *Limiter) toLocal(why error) {
+	s := &l.loop
+	if Mode(l.mode.Load()) != ModeShared {
+		return
+	}
+	instances := int(l.fleet.Load())
+	rate, burst := l.s.share(instances)
+	b := guard.NewTokenBucket(rate, burst, l.s.Clock)
+	b.Allow(burst)
+	l.local.Store(b)
+	l.mode.Store(int32(ModeLocal))
+	s.report(l, Switch{From: ModeShared, To: ModeLocal, Instances: instances, Rate: rate, Err: why})
+}
+
+// report tells OnSwitch and counts the switch (not the first report).
+func (s *loopState) report(l *Limiter, sw Switch) {
+	if s.hasReported {
+		s.switches.Add(1)
+	}
+	s.hasReported = true
+	if l.s.OnSwitch != nil {
+		l.s.OnSwitch(sw)
+	}
+}
+
+// redisError describes a failed call without the password.
+func (l *Limiter) redisError(err error) error {
+	kind := "failed"
+	if classify(err) == callTimeout {
+		kind = fmt.Sprintf("took longer than %v", l.s.Timeout)
+	}
+	return fmt.Errorf("%w: %s %s: %s", ErrRedis, l.s.server.shown, kind, redactSecret(err.Error(), l.s.server.password))
+}
+
+// classify sorts a call's error into a result.
+func classify(err error) callResult {
+	var ne net.Error
+	switch {
+	case err == nil:
+		return callOK
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return callTimeout
+	}
+	return callError
+}
+
+// leave takes the instance out of the membership, so the others' shares
+// grow at once rather than when its membership expires.
+func (s *loopState) leave(l *Limiter) {
+	if !s.everShared {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
+	defer cancel()
+	l.begun.Add(1)
+	l.calls[classify(l.rdb.ZRem(ctx, l.keys[1], l.member).Err())].Add(1)
+}

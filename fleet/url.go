@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redactedPassword stands where a URL's password was.
+const redactedPassword = "xxxxx"
+
+// redisTarget is a parsed Redis URL: the client's options, the URL as it may
+// be shown, and the secret that must never be.
+type redisTarget struct {
+	options  *redis.Options
+	shown    string
+	password string
+}
+
+// RedactURL returns raw with the password of its user information replaced
+// by "xxxxx", so it can be printed. It works on text that does not parse as
+// a URL too: a user information part without a colon is redacted whole,
+// since it may be a password alone.
+func RedactURL(raw string) string {
+	rest, authStart := raw, 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		authStart = i + 3
+		rest = raw[authStart:]
+	}
+	authEnd := len(rest)
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authEnd = i
+	}
+	at := strings.LastIndexByte(rest[:authEnd], '@')
+	if at < 0 {
+		return raw
+	}
+	userinfo := rest[:at]
+	user, _, hasPassword := strings.Cut(userinfo, ":")
+	shown := redactedPassword
+	if hasPassword {
+		shown = user + ":" + redactedPassword
+	}
+	return raw[:authStart] + shown + rest[at:]
+}
+
+// parseURL reads a redis:// or rediss:// URL into client options. Its errors
+// wrap ErrURL and show the URL redacted; the cause is described in our own
+// words, since a parser's message may quote the password.
+func parseURL(raw string) (redisTarget, error) {
+	shown := RedactURL(raw)
+	var password string
+	fail := func(why string, args ...any) (redisTarget, error) {
+		return redisTarget{}, fmt.Errorf("%w %q: %s", ErrURL, shown, redactSecret(fmt.Sprintf(why, args...), password))
+	}
+	if raw == "" {
+		return fail("empty")
+	}
+	if !strings.Contains(raw, "://") {
+		return fail("no scheme (want redis:// or rediss://)")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fail("does not parse as a URL (want redis://[user:password@]host[:port][/db])")
+	}
+	password, _ = u.User.Password()
+	shown = redactSecret(shown, password) // the password may appear again, in the path or the query
+	switch u.Scheme {
+	case "redis", "rediss":
+	default:
+		return fail("unknown scheme %q (want redis or rediss)", u.Scheme)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fail("no host")
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fail("takes no query or fragment: the timeouts are configured apart")
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		// Only the path is left to go wrong here (the database number).
+		return fail("the path must be a database number, got %q", u.Path)
+	}
+	return redisTarget{options: opts, shown: shown, password: password}, nil
+}
+
+// redactSecret replaces every occurrence of secret in s, for error text
+// that comes from elsewhere (a network error quoting what it was given).
+func redactSecret(s, secret string) string {
+	if secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, secret, redactedPassword)
+}

@@ -1,0 +1,84 @@
+package fleet
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRedactURL: the password never survives, whether the text parses or not.
+func TestRedactURL(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"},
+		{"redis://:hunter2@127.0.0.1:6379/0", "redis://:xxxxx@127.0.0.1:6379/0"},
+		{"rediss://user:hunter2@host/1", "rediss://user:xxxxx@host/1"},
+		{"redis://hunter2@host", "redis://xxxxx@host"},
+		{"redis://u:hun@ter2@host:1/0", "redis://u:xxxxx@host:1/0"},
+		{"redis://u:hunter2@[::1/0", "redis://u:xxxxx@[::1/0"},
+		{"u:hunter2@host:6379", "u:xxxxx@host:6379"},
+		{"redis://host/path@x", "redis://host/path@x"},
+		{"", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			if got := RedactURL(c.in); got != c.want {
+				t.Errorf("RedactURL(%q) = %q, want %q", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+// TestNewRejects: bad configuration is an error naming what is wrong, with
+// the sentinel to test for, and never the password.
+func TestNewRejects(t *testing.T) {
+	const secret = "hunter2"
+	good := Config{URL: "redis://127.0.0.1:1/0", Rate: 100}
+	with := func(f func(*Config)) Config { c := good; f(&c); return c }
+	cases := []struct {
+		name    string
+		cfg     Config
+		is      error
+		mention string
+	}{
+		{"empty URL", with(func(c *Config) { c.URL = "" }), ErrURL, "empty"},
+		{"unparsable", with(func(c *Config) { c.URL = "redis://u:" + secret + "@[::1/0" }), ErrURL, "does not parse"},
+		{"control byte", with(func(c *Config) { c.URL = "redis://:" + secret + "@host\x7f/0" }), ErrURL, "does not parse"},
+		{"unknown scheme", with(func(c *Config) { c.URL = "http://u:" + secret + "@127.0.0.1:6379/0" }), ErrURL, `unknown scheme "http"`},
+		{"unix socket", with(func(c *Config) { c.URL = "unix://:" + secret + "@/tmp/redis.sock" }), ErrURL, `unknown scheme "unix"`},
+		{"no scheme", with(func(c *Config) { c.URL = "127.0.0.1:6379" }), ErrURL, "scheme"},
+		{"no host", with(func(c *Config) { c.URL = "redis://:" + secret + "@/0" }), ErrURL, "no host"},
+		{"query", with(func(c *Config) { c.URL = "redis://:" + secret + "@h:1/0?read_timeout=" + secret }), ErrURL, "no query"},
+		{"bad db", with(func(c *Config) { c.URL = "redis://:" + secret + "@h:1/" + secret }), ErrURL, "database number"},
+		{"key with braces", with(func(c *Config) { c.Key = "a{b}" }), ErrConfig, "braces"},
+		{"rate 0", with(func(c *Config) { c.Rate = 0 }), ErrConfig, "rate"},
+		{"rate NaN", with(func(c *Config) { c.Rate = math.NaN() }), ErrConfig, "rate"},
+		{"rate Inf", with(func(c *Config) { c.Rate = math.Inf(1) }), ErrConfig, "rate"},
+		{"burst negative", with(func(c *Config) { c.Burst = -1 }), ErrConfig, "burst"},
+		{"timeout negative", with(func(c *Config) { c.Timeout = -time.Millisecond }), ErrConfig, "timeout"},
+		{"fallback above rate", with(func(c *Config) { c.Fallback = 101 }), ErrConfig, "fallback"},
+		{"fallback NaN", with(func(c *Config) { c.Fallback = math.NaN() }), ErrConfig, "fallback"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := New(c.cfg)
+			if err == nil {
+				l.Close()
+				t.Fatalf("New accepted %+v", c.cfg)
+			}
+			if !errors.Is(err, c.is) {
+				t.Errorf("error %q does not wrap %v", err, c.is)
+			}
+			if !strings.Contains(err.Error(), c.mention) {
+				t.Errorf("error %q does not say %q", err, c.mention)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("error %q shows the password", err)
+			}
+			if strings.Contains(c.cfg.URL, secret) && strings.Contains(c.cfg.URL, "@") && !strings.Contains(err.Error(), redactedPassword) {
+				t.Errorf("error %q does not show the URL redacted", err)
+			}
+		})
+	}
+}
