@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"sync/atomic"
-	"time"
 
 	"dnsproxi/internal/wire"
 )
@@ -20,32 +19,58 @@ import (
 // answers a query while 0x20 is on; the query keeps waiting. Such a reply
 // is either forged by someone who guessed the ID, or the upstream does not
 // echo case, and the proxy must tell the two apart without handing a
-// spoofer the power to switch 0x20 off:
+// spoofer the power to switch 0x20 off. The evidence therefore comes from
+// questions the spoofer does not choose, inside windows it does not set,
+// and the upstream's own exact reply outweighs any forged one:
 //
 //   - A case change is evidence of nothing by itself. It makes the query a
-//     suspect and starts a probe, if none is out: the upstream sends the
-//     same question itself, under a fresh ID and a fresh random case.
-//   - A probe whose reply comes back exact proves the upstream echoes case:
-//     the count starts again. One whose reply comes back case-changed counts
-//     one, and the next probe goes out at once; a probe that times out
-//     proves nothing and ends the series.
-//   - caseProbes probes in a row answered case-changed switch 0x20 off for
-//     this upstream for the rest of the process, and every suspect query is
-//     sent again in the caller's case, within its deadline.
+//     suspect and starts a probe series, if none is under way.
+//   - A probe asks a question the upstream is known to answer with the case
+//     echoed, under a fresh ID and a fresh random case with letters of both
+//     cases: the last question it answered exactly (each socket keeps a
+//     copy), or "localhost. A" before any (RFC 6761: answered without
+//     leaving the resolver). Never the suspect's question: a client picks
+//     that one, and can pick a name whose authority never answers.
+//   - A probe waits W: probeRTTs times the quickest exact reply of the last
+//     minute or so, at least minProbeWait, at most Timeout/probeWaitShare
+//     (Timeout/probeWaitShare as long as no exact reply was ever seen: no
+//     round-trip time is known that a spoofer could not have set). A mean
+//     reply time would not do: a client whose zone answers just before the
+//     timeout could raise it; the quickest exact reply can be neither
+//     raised by slow names nor lowered by forgery (it needs the case).
+//   - At the end of W the probe is judged. An exact reply in time proves
+//     the upstream echoes case, even if a case-changed one came first: the
+//     series ends and 0x20 stays on. A case-changed reply in time and no
+//     exact one counts one, and the next probe goes out. No reply in time
+//     ends the series: silence proves nothing, and it is the one thing a
+//     spoofer needs. A reply after W is late, as for any query (result.go).
+//   - caseProbes probes in a row counted switch 0x20 off for this upstream
+//     for the rest of the process, and every suspect query is sent again
+//     in the caller's case, within its deadline.
 //
-// Why a spoofer cannot fake that evidence cheaply: one probe is out at a
-// time, so a flood of forged replies over many queries in flight (the
-// birthday attack) gains nothing; the spoofer must hit the one ID of each
-// probe in turn, on its port, before the real upstream's exact reply
-// arrives, caseProbes times in a row: some 2^16 forged packets per probe
-// and port in use even for a spoofer who knows the ports, 2^32 for one who
-// does not. A single forged reply, or any number spread over queries the
-// real upstream answers, switches nothing off. (A spoofer on the path sees
-// the probes and can; it can as well forge the answers themselves.)
+// What a spoofer must now do. Forged replies alone switch nothing off:
+// while the upstream answers the probe's question within W, its exact
+// reply overrules the forged one. So the spoofer needs the upstream silent
+// on that question, three probes in a row: it cannot choose the question,
+// only, on an idle proxy, make its own name the last one answered exactly
+// and then stop answering it, or catch the upstream down. And it must land
+// a case-changed reply with each probe's ID on its port inside each W, one
+// series per suspect it creates (a query of its own let through the entry
+// gates, and that query's ID hit). For a spoofer who knows the port, that
+// is 65,536 packets per probe to be sure: with W at its 1 ms floor (a LAN
+// upstream), 65 million packets a second; at 1 million a second it hits
+// one probe in 65, three in a row once in 280,000 series, some 10^9
+// packets. Not knowing the port multiplies each probe's cost by 64,512.
+// The wide window left: before the upstream has answered any query exactly
+// (just after start), W is Timeout/probeWaitShare, 200 ms by default; an
+// upstream down at that moment lets 3 x 65,536 packets at 330,000 a
+// second switch 0x20 off. (A spoofer on the path sees the probes and can;
+// it can as well forge the answers themselves.)
 //
 // A real upstream that does not echo case answers every probe
-// case-changed, from its cache, in one round trip each: the first query
-// pays caseProbes+1 extra round trips (the probes, then itself again), the
+// case-changed and never exactly, so each probe waits out its W: the first
+// query pays caseProbes waits of Timeout/probeWaitShare (each rounded up
+// to the sweeper's next pass), 0.3 to 0.45 of the timeout, once; the
 // queries after it nothing.
 
 // caseProbes is how many probes in a row must come back case-changed.
@@ -61,6 +86,7 @@ const (
 	replyForeign     verdict = iota // not an answer to it: another question, not a reply
 	replyAnswers                    // its answer
 	replyCaseChanged                // its question, with the case of some letters changed: not its answer while 0x20 is on
+	replyLate                       // its answer, or its question in another case, after its deadline: not in time
 )
 
 // caseCheck is an upstream's 0x20 state: whether it is on, the probe
@@ -69,6 +95,7 @@ type caseCheck struct {
 	plain      atomic.Bool  // 0x20 off: the upstream does not echo case
 	probing    atomic.Bool  // a probe series is under way (or 0x20 is off: no more)
 	changed    atomic.Int32 // probes in a row answered case-changed; touched by one probe at a time
+	quickest   quickest     // the quickest exact replies, to bound a probe's wait
 	mismatches atomic.Uint64
 	probes     atomic.Uint64
 	resends    atomic.Uint64
@@ -101,6 +128,38 @@ func mixCase(name []byte, rng *entropy) bool {
 }
 
 func isLetter(b byte) bool { return 'a' <= b|0x20 && b|0x20 <= 'z' }
+
+// bothCases turns the first letter of name (mixed by mixCase) to the other
+// case if all its letters came out in one case, so that a name of two
+// letters or more has both: a probe's name must not come back unchanged
+// from an upstream that folds every name to lower or to upper case.
+func bothCases(name []byte) {
+	first, upper, lower := -1, false, false
+	for i, b := range name {
+		if !isLetter(b) {
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		upper = upper || b&0x20 == 0
+		lower = lower || b&0x20 != 0
+	}
+	if upper != lower { // all in one case: the first letter takes the other
+		name[first] ^= 0x20
+	}
+}
+
+// letters counts the ASCII letters of name.
+func letters(name []byte) int {
+	n := 0
+	for _, b := range name {
+		if isLetter(b) {
+			n++
+		}
+	}
+	return n
+}
 
 // equalFold reports whether a and b hold the same question (name, type,
 // class), folding case on the name's letters only: the type and class are
@@ -175,69 +234,5 @@ func restoreOwners(reply []byte, off int, mixed, name []byte) {
 			copy(reply[start:], name)
 		}
 		off += 10 + int(binary.BigEndian.Uint16(reply[off+8:])) // type, class, TTL, RDLENGTH, RDATA
-	}
-}
-
-// probeQuery returns a copy of the query c stands for, in the caller's case,
-// for a probe to ask again.
-func (c *call) probeQuery() []byte {
-	q := append([]byte(nil), c.wire...)
-	copy(q[wire.HeaderLen:], c.name)
-	return q
-}
-
-// startProbe starts a probe series with query, unless one is under way.
-func (u *Upstream) startProbe(query []byte) {
-	if u.cases.probing.CompareAndSwap(false, true) {
-		u.sendProbe(query)
-	}
-}
-
-// sendProbe sends query as a probe: its outcome goes to probeDone.
-func (u *Upstream) sendProbe(query []byte) {
-	qend, ok := wire.QuestionEnd(query)
-	if !ok || u.closed.Load() {
-		u.cases.probing.Store(false)
-		return
-	}
-	now := time.Now()
-	c := newCall(u, query, qend, u.probeDone, now.Add(u.cfg.Timeout))
-	c.probe = true
-	u.cases.probes.Add(1)
-	u.sendUDP(c, now)
-}
-
-// probeDone weighs one probe's outcome: see the rules above.
-func (u *Upstream) probeDone(query, _ []byte, err error) {
-	switch {
-	case errors.Is(err, errCaseChanged):
-		if u.cases.changed.Add(1) >= caseProbes {
-			u.switchToPlainCase()
-			return // probing stays set: no probe ever again
-		}
-		u.sendProbe(query)
-	default: // exact: the upstream echoes case; an error: no verdict
-		u.cases.changed.Store(0)
-		u.cases.probing.Store(false)
-	}
-}
-
-// switchToPlainCase turns 0x20 off for good and sends the suspect queries
-// again in the caller's case: they had their one reply already.
-func (u *Upstream) switchToPlainCase() {
-	if u.cases.plain.Swap(true) {
-		return
-	}
-	if fn := u.cfg.OnCaseFallback; fn != nil {
-		u.background(fn)
-	}
-	var again []*call
-	for _, sl := range u.socks {
-		again = sl.takeSuspects(again)
-	}
-	u.cases.resends.Add(uint64(len(again)))
-	now := time.Now()
-	for _, c := range again {
-		u.sendUDP(c, now)
 	}
 }

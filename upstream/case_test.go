@@ -29,8 +29,9 @@ func TestCaseChangedReplyIsNotAnAnswer(t *testing.T) {
 	})
 	for _, name := range []string{"www.example.com.", "WwW.ExAmPlE.CoM.", "MAIL.EXAMPLE.ORG."} {
 		t.Run(name, func(t *testing.T) {
-			// An upstream of its own: this server changes the case of every
-			// send, probes included, so that 0x20 ends up switched off.
+			// An upstream of its own: every send, probes included, is answered
+			// first in another case, then exactly; the exact replies overrule
+			// the others and 0x20 stays on (TestExactReplyOverrulesForgedCaseChange).
 			u := newUpstream(t, Config{Addr: srv.addr()})
 			query := q(name)
 			b, _ := query.Pack()
@@ -191,45 +192,62 @@ func TestCaseFallback(t *testing.T) {
 }
 
 // The evidence rule: only caseProbes probes in a row answered in another
-// case switch 0x20 off. Here every send of a name is first answered by a
-// forged reply with the case changed (a spoofer who knows each ID), the
-// first `forged` sends of it; then by the real upstream, which echoes case.
+// case, with no exact reply in time, switch 0x20 off. Here the upstream
+// answers the query in another case only, and the first k probes too (as
+// an upstream that does not echo case), then echoes case again: below
+// caseProbes, the next probe's exact reply ends the series with 0x20 on;
+// from caseProbes on, 0x20 is off after caseProbes probes and the query,
+// sent again in the caller's case, is answered before its deadline.
 func TestCaseFallbackNeedsProbesInARow(t *testing.T) {
-	for forged := 1; forged <= caseProbes+1; forged++ {
-		wantPlain := forged > caseProbes // the query and caseProbes probes
-		t.Run(fmt.Sprintf("%d forged", forged), func(t *testing.T) {
+	const victim = "victim.example."
+	for k := 0; k <= caseProbes+1; k++ {
+		wantPlain := k >= caseProbes
+		wantProbes := uint64(min(k+1, caseProbes))
+		t.Run(fmt.Sprintf("%d probes case-changed", k), func(t *testing.T) {
 			var mu sync.Mutex
-			sends := map[string]int{}
+			probes := 0
 			srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
+				changed := answer(req)
+				changed.Question[0].Name = flipCase(req.Question[0].Name)
+				if strings.EqualFold(req.Question[0].Name, victim) {
+					return []*dns.Msg{changed}
+				}
 				mu.Lock()
 				defer mu.Unlock()
-				name := strings.ToLower(req.Question[0].Name)
-				sends[name]++
-				if sends[name] > forged {
-					return []*dns.Msg{answer(req)}
+				if probes++; probes <= k {
+					return []*dns.Msg{changed}
 				}
-				spoofed := answer(req)
-				spoofed.Question[0].Name = flipCase(req.Question[0].Name)
-				return []*dns.Msg{spoofed, answer(req)}
+				return []*dns.Msg{answer(req)}
 			})
-			u := newUpstream(t, Config{Addr: srv.addr()})
-			r, err := u.Exchange(context.Background(), q("victim.example."), "udp")
-			if err != nil {
-				t.Fatal(err)
+			// No exact reply before the probes: each waits Timeout/10, 100 ms.
+			u := newUpstream(t, Config{Addr: srv.addr(), Timeout: time.Second})
+			type outcome struct {
+				reply []byte
+				err   error
 			}
-			if r.Question[0].Name != "victim.example." {
-				t.Fatalf("reply for %v", r.Question)
+			done := make(chan outcome, 1)
+			b, _ := q(victim).Pack()
+			u.Forward(b, "udp", func(_, reply []byte, err error) { done <- outcome{slices.Clone(reply), err} })
+			if wantPlain {
+				select {
+				case o := <-done:
+					m := new(dns.Msg)
+					if o.err != nil || m.Unpack(o.reply) != nil || m.Question[0].Name != victim {
+						t.Fatalf("the query sent again after the fallback: %v, want its answer", o.err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("the query was not answered within 5s")
+				}
 			}
-			// The probes run on after the query's answer: wait for the last.
 			deadline := time.Now().Add(5 * time.Second)
-			for u.cases.probing.Load() && !u.cases.plain.Load() {
+			for u.Stats().CaseProbes < wantProbes || (u.cases.probing.Load() && !u.cases.plain.Load()) {
 				if time.Now().After(deadline) {
-					t.Fatal("probes still running after 5s")
+					t.Fatalf("the probes did not settle within 5s: %+v", u.Stats())
 				}
 				time.Sleep(time.Millisecond)
 			}
-			if st := u.Stats(); st.PlainCase != wantPlain {
-				t.Fatalf("%d forged replies in a row: %+v, want PlainCase %v", forged, st, wantPlain)
+			if st := u.Stats(); st.PlainCase != wantPlain || st.CaseProbes != wantProbes {
+				t.Fatalf("%d probes answered in another case: %+v, want PlainCase %v after %d probes", k, st, wantPlain, wantProbes)
 			}
 		})
 	}

@@ -31,17 +31,22 @@ func (p pending) add(c *call, rng *entropy) error {
 	}
 }
 
-// take removes and returns the query reply answers, if it is waiting here.
-// Anything else (late, duplicate, spoofed, not an answer, the case changed)
-// leaves the table as it was: the real answer may still come.
-func (p pending) take(reply []byte) *call {
+// take removes and returns the query reply answers, if it is waiting here,
+// with replyAnswers; or with replyLate if its deadline was before now: late
+// is not in time, and the caller ends it as the sweeper would have. Anything
+// else (a duplicate, spoofed, not an answer, the case changed) leaves the
+// table as it was: the real answer may still come.
+func (p pending) take(reply []byte, now time.Time) (*call, verdict) {
 	id := wire.ID(reply)
 	c := p[id]
 	if c == nil || c.match(reply) != replyAnswers {
-		return nil
+		return nil, replyForeign
 	}
 	delete(p, id)
-	return c
+	if now.After(c.deadline) {
+		return c, replyLate
+	}
+	return c, replyAnswers
 }
 
 // takeExpired removes the queries whose deadline is before now and appends them to out.
@@ -56,10 +61,10 @@ func (p pending) takeExpired(now time.Time, out []*call) []*call {
 }
 
 // takeSuspects removes the queries that had a reply in another case and
-// appends them to out.
+// appends them to out. A probe stays: it is judged at its deadline (case.go).
 func (p pending) takeSuspects(out []*call) []*call {
 	for id, c := range p {
-		if c.suspect {
+		if c.suspect && !c.probe {
 			delete(p, id)
 			out = append(out, c)
 		}

@@ -22,10 +22,13 @@ package upstream
 // with the moment it was sent: stamped since, the upstream was answering
 // while it waited, and it ends with ErrNameTimeout; not stamped since, it
 // ends with ErrTimeout. A reply that arrives after its own query's deadline
-// finds no query to answer and stamps nothing: late is not "in time", so a
-// uniformly slow upstream still fails. Forged or malformed replies stamp
-// nothing either, so an off-path sender cannot make a dead upstream look
-// alive.
+// answers nothing and stamps nothing: late is not "in time", so a
+// uniformly slow upstream still fails. The reader that finds it takes its
+// query out and ends it with the timeout the sweeper would have given
+// (whoever takes a query out reports it); the UDP reader judges a whole
+// batch by one clock reading taken after it came in, so never more kindly
+// than the sweeper. Forged or malformed replies stamp nothing either, so an
+// off-path sender cannot make a dead upstream look alive.
 //
 // What the rule cannot see, and why that is the right trade:
 //
@@ -109,12 +112,23 @@ func Judge(reply []byte, err error) Verdict {
 	return Failure
 }
 
-// markAnswered stamps the moment a valid reply was taken for a query. A
-// plain store, not a compare-and-swap: two readers racing may leave the
-// earlier of their two stamps, microseconds old, which can only judge a
+// markAnswered stamps now, the moment a valid reply was taken in time for a
+// query. A plain store, not a compare-and-swap: two readers racing may leave
+// the earlier of their two stamps, microseconds old, which can only judge a
 // query sent in those microseconds more harshly.
-func (u *Upstream) markAnswered() {
-	u.answered.Store(int64(time.Since(u.epoch)))
+func (u *Upstream) markAnswered(now time.Time) {
+	u.answered.Store(int64(now.Sub(u.epoch)))
+}
+
+// pastDeadline is the error c ends with once its deadline has passed,
+// whoever takes it out (the sweeper, or a reader holding a late reply): a
+// probe that had a case-changed reply in time and no exact one ends with
+// errCaseChanged (case.go), any other query as timeoutFor says.
+func (u *Upstream) pastDeadline(c *call) error {
+	if c.probe && c.suspect {
+		return errCaseChanged
+	}
+	return u.timeoutFor(c)
 }
 
 // timeoutFor is the error a query that reached its deadline ends with:

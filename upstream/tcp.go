@@ -223,10 +223,16 @@ func (tc *tcpConn) read() {
 		if len(reply) < wire.HeaderLen {
 			continue
 		}
+		now := time.Now() // one reading per reply: a frame is read whole, one at a time
 		tc.mu.Lock()
-		c := tc.pending.take(reply)
+		c, v := tc.pending.take(reply, now)
 		tc.mu.Unlock()
-		if c != nil { // else a stray duplicate, a wrong ID or garbage: skipped, as over UDP
+		switch {
+		case c == nil: // a stray duplicate, a wrong ID or garbage: skipped, as over UDP
+		case v == replyLate:
+			c.finish(nil, tc.p.u.pastDeadline(c))
+		default:
+			tc.p.u.markAnswered(now) // before done: the upstream answered in time
 			c.finish(reply, nil)
 		}
 	}

@@ -39,6 +39,7 @@ type udpSocket struct {
 	mu       sync.Mutex
 	pending  pending
 	rng      entropy   // IDs and 0x20 case
+	known    []byte    // the question last answered exactly in a random case: what a probe asks (probe.go)
 	sent     int       // queries it took
 	expires  time.Time // when it retires at the latest
 	rotating bool      // the query that reached a bound is opening the successor
@@ -129,7 +130,11 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 	name := c.wire[wire.HeaderLen : wire.HeaderLen+len(c.name)]
 	copy(name, c.name) // a query sent again starts from the caller's case
 	c.mixed = mix && mixCase(name, &s.rng)
+	if c.mixed && c.probe {
+		bothCases(name)
+	}
 	c.suspect = false
+	c.sent = now
 	if err := s.pending.add(c, &s.rng); err != nil {
 		return false, err
 	}
@@ -162,36 +167,52 @@ func (s *udpSocket) retire() {
 	s.retired = true
 }
 
-// take looks reply up. It returns the query reply ends, if any, with the
-// verdict: replyAnswers, or replyCaseChanged for a probe or once 0x20 is
-// off (the caller sends that query again). A query with a reply in another
-// case stays in the table otherwise, as a suspect; the first such reply
-// returns a copy of the query for a probe, unless a probe is out.
-func (s *udpSocket) take(reply []byte) (c *call, v verdict, probe []byte) {
+// take looks reply up, as read at now. It returns the query reply ends, if
+// any, with the verdict: replyAnswers; replyLate for a reply after the
+// query's deadline (answer or case changed: the caller ends it as the
+// sweeper would); replyCaseChanged once 0x20 is off (the caller sends that
+// query again). A query with a reply in another case stays in the table
+// otherwise, and so does a probe: suspect reports the first such reply to
+// a query, for the caller to start a probe series (case.go).
+func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspect bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := wire.ID(reply)
 	if c = s.pending[id]; c == nil {
-		return nil, replyForeign, nil
+		return nil, replyForeign, false
 	}
-	switch v = c.match(reply); v {
-	case replyAnswers:
-		delete(s.pending, id)
-		return c, v, nil
-	case replyCaseChanged:
+	v = c.match(reply)
+	if v == replyCaseChanged {
 		s.u.cases.mismatches.Add(1)
-		if c.probe || s.u.cases.plain.Load() {
-			delete(s.pending, id)
-			return c, v, nil
-		}
-		if !c.suspect {
-			c.suspect = true
-			if !s.u.cases.probing.Load() {
-				probe = c.probeQuery()
-			}
-		}
 	}
-	return nil, v, probe
+	switch {
+	case v == replyForeign:
+		return nil, v, false
+	case now.After(c.deadline):
+		delete(s.pending, id)
+		return c, replyLate, false
+	case v == replyAnswers:
+		delete(s.pending, id)
+		if c.mixed { // an exact echo, in time: a question the upstream answers, and how quickly
+			s.known = append(s.known[:0], c.wire[wire.HeaderLen:c.qend]...)
+			s.u.cases.quickest.add(now.Sub(c.sent))
+		}
+		return c, v, false
+	case s.u.cases.plain.Load() && !c.probe:
+		delete(s.pending, id)
+		return c, v, false
+	}
+	suspect = !c.suspect && !c.probe
+	c.suspect = true // a probe waits on for an exact reply that would overrule this one
+	return nil, v, suspect
+}
+
+// appendKnownQuestion appends the question the socket last had answered
+// exactly to q, if there is one.
+func (s *udpSocket) appendKnownQuestion(q []byte) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append(q, s.known...)
 }
 
 // takeExpired removes the queries whose deadline is before now and appends
@@ -222,26 +243,31 @@ func (s *udpSocket) read() {
 			time.Sleep(time.Millisecond) // ICMP port unreachable and the like: the queries time out
 			continue
 		}
+		// One reading for the batch: every reply in it came in by now. A reply
+		// read after its query's deadline is late even if it arrived just
+		// before: as the sweeper would judge it, never more kindly.
+		now := time.Now()
 		for i := range n {
 			reply := s.reader.Packet(i)
 			if len(reply) < wire.HeaderLen {
 				continue
 			}
-			c, v, probe := s.take(reply)
-			if probe != nil {
-				s.u.startProbe(probe)
+			c, v, suspect := s.take(reply, now)
+			if suspect {
+				s.u.startProbe()
 			}
 			switch {
 			case c == nil:
-			case v == replyCaseChanged && c.probe:
-				c.finish(nil, errCaseChanged)
+			case v == replyLate:
+				c.finish(nil, s.u.pastDeadline(c))
 			case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
 				s.u.cases.resends.Add(1)
-				s.u.sendUDP(c, time.Now())
+				s.u.sendUDP(c, now)
 			case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline
 				c.unmix()
 				s.u.forwardTCP(c)
 			default: // an answer, TC set or not: a TC answer would not fit the client either
+				s.u.markAnswered(now) // before done: the upstream answered in time
 				c.finish(reply, nil)
 			}
 		}

@@ -21,9 +21,10 @@
 // Forward never blocks. It reports the outcome of every query exactly once,
 // to the Result it was given: the reply, or why there is none (a deadline
 // passed, the network failed, the upstream was closed). Whoever takes a
-// query out of the table of queries in flight — the reader with its reply,
-// the sweeper at its deadline, Close — is the one that reports it, or sends
-// it again and so files it in another table.
+// query out of the table of queries in flight — the reader with its reply
+// (or with the timeout, the reply being late), the sweeper at its deadline,
+// Close — is the one that reports it, or sends it again and so files it in
+// another table.
 package upstream
 
 import (
@@ -255,13 +256,15 @@ func (u *Upstream) sendUDP(c *call, now time.Time) {
 func (u *Upstream) forwardTCP(c *call) { u.tcp.send(c) }
 
 // sweep ends the queries whose deadline has passed, a few times per timeout,
-// each with ErrTimeout or ErrNameTimeout (result.go).
+// each with the error pastDeadline gives it (result.go), and starts a new
+// period of quickest replies (probe.go) now and then.
 func (u *Upstream) sweep() {
 	defer u.sweeper.Done()
 	every := min(max(u.cfg.Timeout/20, time.Millisecond), 100*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	var expired []*call
+	lastRoll := time.Now()
 	for {
 		select {
 		case <-u.stopSweep:
@@ -273,7 +276,11 @@ func (u *Upstream) sweep() {
 			}
 			expired = u.tcp.takeExpired(now, expired)
 			for _, c := range expired {
-				c.finish(nil, u.timeoutFor(c))
+				c.finish(nil, u.pastDeadline(c))
+			}
+			if now.Sub(lastRoll) >= quickestPeriod {
+				u.cases.quickest.roll()
+				lastRoll = now
 			}
 		}
 	}
@@ -323,6 +330,7 @@ type call struct {
 	clientID uint16
 	qend     int // wire[12:qend] is the question
 	deadline time.Time
+	sent     time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
 	retried  bool // sent again after its TCP connection failed
 	mixed    bool // the name went out in a random case (0x20): a reply must echo it
@@ -338,6 +346,7 @@ func newCall(u *Upstream, query []byte, qend int, done Result, deadline time.Tim
 	c.wire = append(c.wire[:0], query...)
 	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
 	c.clientID, c.qend, c.deadline, c.done = wire.ID(query), qend, deadline, done
+	c.sent = time.Time{}
 	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
 }
@@ -352,13 +361,13 @@ func (c *call) unmix() {
 // any, get the client's ID and the client's case back (in the reply: the
 // question, which is the query's but for case or it would not have been
 // taken, and the owner names that repeat it). Only the one who took c out
-// of the table calls it.
+// of the table calls it; a reader hands it a reply only in time, after
+// markAnswered.
 func (c *call) finish(reply []byte, err error) {
 	if reply != nil {
 		if c.mixed {
 			restoreOwners(reply, c.qend, c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], c.name)
 		}
-		c.u.markAnswered() // before done: the upstream answered in time
 		wire.SetID(reply, c.clientID)
 		copy(reply[wire.HeaderLen:], c.name)
 	}
