@@ -42,7 +42,7 @@ func TestRetryBudgetArithmetic(t *testing.T) {
 		}},
 		{"first attempts older than the window no longer count", RetryBudgetConfig{Ratio: 0.1, MinPerSecond: 1, Window: 10 * time.Second}, []budgetStep{
 			{0, 100, 10, 10},
-			{5 * time.Second, 0, 5, 1},       // the share is spent; the floor gives one
+			{5 * time.Second, 0, 5, 1},         // the share is spent; the floor gives one
 			{5500 * time.Millisecond, 0, 5, 0}, // the same second: its floor is spent
 			{10 * time.Second, 0, 5, 1},        // t0's 100 and its 10 retries expired: the floor alone
 			{10 * time.Second, 100, 20, 8},     // 100 new firsts: 10, two spent this window (at 5 s and 10 s)
@@ -90,7 +90,7 @@ func TestRetryBudgetStaleReading(t *testing.T) {
 		b.DepositAt(t0)
 	}
 	now := t0.Add(20 * time.Second) // t0's firsts have expired
-	if !b.WithdrawAt(now) {        // the floor
+	if !b.WithdrawAt(now) {         // the floor
 		t.Fatal("the floor refused the first retry of a second")
 	}
 	for range 5 {
