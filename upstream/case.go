@@ -201,7 +201,7 @@ func (u *Upstream) sendProbe(query []byte) {
 		return
 	}
 	now := time.Now()
-	c := newCall(u, query, qend, u.probeDone, now.Add(u.cfg.Timeout))
+	c := newCall(u, query, qend, u.probeDone, now, now.Add(u.cfg.Timeout))
 	c.probe = true
 	u.cases.probes.Add(1)
 	u.sendUDP(c, now)
