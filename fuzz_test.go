@@ -56,9 +56,8 @@ func FuzzServePacket(f *testing.F) {
 	m := metrics.New()
 	p := &proxy{
 		limiter:     guard.NewTokenBucket(math.MaxInt32, math.MaxInt32, guard.RealClock{}),
-		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
 		maxInflight: 1000,
-		upstream:    memUpstream{},
+		upstreams:   onePool(memUpstream{}, guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{})),
 		metrics:     m,
 	}
 	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.handleQuery)}

@@ -24,7 +24,7 @@ import (
 	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
-	"dnsproxi/upstream"
+	"dnsproxi/pool"
 )
 
 func main() {
@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		return 1
 	}
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
-		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
+		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL())
@@ -101,13 +101,13 @@ func breakerSummary(cfg Config) string {
 		cfg.BreakerThreshold, cfg.BreakerWindow, cfg.BreakerMinSamples, cfg.BreakerCoolOff)
 }
 
-// app is one running proxy: its gates, upstream, DNS server and metrics.
+// app is one running proxy: its gates, upstreams, DNS server and metrics.
 type app struct {
 	cfg         Config
 	log         *slog.Logger
 	metrics     *metrics.Metrics
 	proxy       *proxy
-	upstream    *upstream.Upstream
+	upstreams   *pool.Pool
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
@@ -116,35 +116,13 @@ type app struct {
 // newApp builds the proxy from cfg, reading time from clock.
 func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
-	limiter, breaker := initGuard(cfg, clock)
-	if breaker != nil {
-		breaker.OnStateChange(func(from, to guard.State) {
-			m.BreakerChanges.WithLabelValues(from.String(), to.String()).Inc()
-			m.BreakerState.Set(float64(to)) // guard.State counts closed, half-open, open: as metrics.States
-			log.Info("breaker", "from", from.String(), "to", to.String())
-		})
-	}
-	up, err := upstream.New(upstream.Config{
-		Addr:        cfg.Upstream,
-		Timeout:     cfg.UpstreamTimeout,
-		Disable0x20: !cfg.Upstream0x20,
-		AvoidPorts:  ownPorts(cfg),
-		OnCaseFallback: func() {
-			log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
-				"upstream", cfg.Upstream)
-		},
-	})
+	ups, err := newUpstreams(cfg, clock, m, log)
 	if err != nil {
 		return nil, err
 	}
-	m.WatchUpstream(func() metrics.UpstreamStats {
-		s := up.Stats()
-		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
-			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
-	})
-	p := &proxy{limiter: limiter, breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
-		upstream: up, metrics: m}
-	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
+	p := &proxy{limiter: initLimiter(cfg, clock), maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
+		upstreams: ups, metrics: m}
+	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
 		Handler:        dnsserver.HandlerFunc(p.handleQuery),
@@ -172,22 +150,13 @@ func maxUnanswered(maxInflight int) int {
 // unlimitedPending is the server's bound when DNS_MAX_INFLIGHT=0.
 const unlimitedPending = 65536
 
-// initGuard builds the gates the configuration asks for; nil means off.
-func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breaker) {
-	var limiter *guard.TokenBucket
-	if cfg.RateLimit.On() {
-		limiter = guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
+// initLimiter builds the entry gate the configuration asks for; nil means off.
+// The breakers, one per upstream, are built with the upstreams (upstreams.go).
+func initLimiter(cfg Config, clock guard.Clock) *guard.TokenBucket {
+	if !cfg.RateLimit.On() {
+		return nil
 	}
-	var breaker *guard.Breaker
-	if cfg.BreakerThreshold > 0 {
-		breaker = guard.NewBreaker(guard.BreakerConfig{
-			Window:        cfg.BreakerWindow,
-			MinSamples:    cfg.BreakerMinSamples,
-			FailThreshold: float64(cfg.BreakerThreshold) / 100,
-			CoolOff:       cfg.BreakerCoolOff,
-		}, clock)
-	}
-	return limiter, breaker
+	return guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
 }
 
 // start binds the metrics listener and the DNS server.
@@ -195,7 +164,7 @@ func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.upstream.Close()
+			a.upstreams.Close()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
@@ -205,7 +174,7 @@ func (a *app) start() error {
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.upstream.Close()
+		a.upstreams.Close()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
@@ -236,7 +205,7 @@ func (a *app) shutdown(ctx context.Context) error {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.upstream.Close()
+	a.upstreams.Close()
 	return err
 }
 
