@@ -125,7 +125,9 @@ func failoverNoStorm(r *rig, second *fakeupstream.Server) error {
 	r.printf("  both dead, a fresh proxy with DNS_RETRY_BUDGET=10 (floor 3 a second): %g queries/s for %s\n\n", rate, secs(span))
 	start := time.Now()
 	samples := r.watchStorm(start, span, func() int64 { return r.up.Total() + second.Total() - p0 },
-		func(s Scrape) bool { return s.BreakerStateOf(first) != "closed" && s.BreakerStateOf(second.Addr()) != "closed" })
+		func(s Scrape) bool {
+			return s.BreakerStateOf(first) != "closed" && s.BreakerStateOf(second.Addr()) != "closed"
+		})
 	res := load(r.proxy.Addr, int(span.Seconds()*rate), 4, span, 4*timeout, 1)
 	time.Sleep(timeout) // the last attempts end
 	ss := <-samples
