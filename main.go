@@ -1,8 +1,10 @@
 // Command dnsproxi is a DNS forwarding proxy with two guard gates: a token
 // bucket that refuses traffic beyond a rate (DNS_RATE_LIMIT) and a circuit
 // breaker that stops sending to an upstream that keeps failing
-// (DNS_BREAKER_THRESHOLD). Both are off by default. Run dnsproxi -h for the
-// variables. SIGINT or SIGTERM stops it once the queries in flight are
+// (DNS_BREAKER_THRESHOLD). Both are off by default. It forwards to one
+// upstream or to several (DNS_UPSTREAM is a list), each behind a breaker of
+// its own, retrying and hedging at the next one within a budget
+// (DNS_RETRY_BUDGET) and one deadline. Run dnsproxi -h for the variables. SIGINT or SIGTERM stops it once the queries in flight are
 // answered; SIGHUP is logged and changes nothing.
 package main
 
