@@ -17,10 +17,11 @@ vet:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
 
-# bench runs the guard benchmarks (beside x/time/rate and gobreaker) and the
-# whole UDP path; make compare measures the whole proxy beside its peers.
+# bench runs the guard benchmarks (beside x/time/rate and gobreaker), choosing
+# an upstream (pool), and the whole UDP path; make compare measures the whole proxy beside its peers.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./guard/
+	$(GO) test -run '^$$' -bench . -benchmem ./pool/
 	$(GO) test -run '^$$' -bench UDPPath -benchmem -benchtime 3s .
 
 # compare builds dnsproxi and runs it side by side with dnsdist, CoreDNS, Unbound

@@ -93,7 +93,7 @@ func zone(edit func(req, m *dns.Msg)) func(req *dns.Msg) []byte {
 // unitProxy is a proxy on fwd without a network, and a server that parses
 // packets for it as if they came over UDP.
 func unitProxy(limiter *guard.TokenBucket, fwd forwarder) (*proxy, *dnsserver.Server) {
-	p := &proxy{limiter: limiter, maxInflight: 1000, upstream: fwd, metrics: metrics.New()}
+	p := &proxy{limiter: limiter, maxInflight: 1000, upstreams: onePool(fwd, nil), metrics: metrics.New()}
 	return p, &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.handleQuery)}
 }
 

@@ -28,7 +28,8 @@ func TestByteTruncatedTCAnswerIsRelayedAsTC(t *testing.T) {
 	}}
 	pr, srv := unitProxy(nil, fwd)
 	clock := guard.NewManualClock(time.Now())
-	pr.breaker = guard.NewBreaker(guard.BreakerConfig{Window: 4, MinSamples: 4, FailThreshold: 0.5, CoolOff: time.Minute}, clock)
+	b := guard.NewBreaker(guard.BreakerConfig{Window: 4, MinSamples: 4, FailThreshold: 0.5, CoolOff: time.Minute}, clock)
+	pr.upstreams = onePool(fwd, b)
 
 	servfail := 0
 	for i := range 4 {
@@ -38,7 +39,7 @@ func TestByteTruncatedTCAnswerIsRelayedAsTC(t *testing.T) {
 			servfail++
 		}
 	}
-	if st := pr.breaker.State(); servfail > 0 || st != guard.Closed {
+	if st := b.State(); servfail > 0 || st != guard.Closed {
 		t.Fatalf("4 valid TC answers from the upstream: %d clients got no TC answer (SERVFAIL: no TCP retry), and the breaker is %v",
 			servfail, st)
 	}

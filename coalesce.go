@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"dnsproxi/dnsserver"
-	"dnsproxi/guard"
 	"dnsproxi/internal/wire"
 	"dnsproxi/metrics"
 	"dnsproxi/upstream"
@@ -42,8 +41,6 @@ type flight struct {
 	net     int  // index into proxy.flights: 0 UDP, 1 TCP
 	shared  bool // in the table: others may join until it lands
 	next    *flight
-	permit  guard.Permit
-	sent    time.Time
 	waiters []waiter // [0] is the leader; the rest join under the shard's lock
 	done    upstream.Result
 	query   []byte // what is sent upstream
@@ -69,7 +66,7 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	if f.done == nil {
 		f.done = f.land // made once per flight, not once per query
 	}
-	f.p, f.next, f.shared, f.permit = p, nil, false, guard.Permit{}
+	f.p, f.next, f.shared = p, nil, false
 	f.net = 0
 	if q.Net == "tcp" {
 		f.net = 1

@@ -39,7 +39,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Listen: "127.0.0.1:5398", Upstream: "127.0.0.1:5300", UpstreamTimeout: 2 * time.Second,
+		Listen: "127.0.0.1:5398", Upstream: "127.0.0.1:5300", UpstreamTimeout: 2 * time.Second, RetryBudget: 10,
 		BreakerMinSamples: 20, BreakerWindow: 100, BreakerCoolOff: 5 * time.Second, MetricsAddr: "127.0.0.1:9398",
 		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second, MaxUDPSize: 1232, Upstream0x20: true,
 	}

@@ -47,7 +47,7 @@ func TestOwnAnswersCarryEDE(t *testing.T) {
 		rcode int
 		code  uint16
 	}{
-		{"breaker open", func(p *proxy) { p.breaker = tripped() }, &scripted{reply: zone(nil)}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNoReachableAuthority},
+		{"breaker open", func(p *proxy) { p.upstreams = onePool(&scripted{reply: zone(nil)}, tripped()) }, &scripted{reply: zone(nil)}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNoReachableAuthority},
 		{"upstream timeout", nil, failing{upstream.ErrTimeout}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNoReachableAuthority},
 		{"network error", nil, failing{syscall.ECONNREFUSED}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNetworkError},
 		{"no valid reply", nil, garbled{}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNetworkError},

@@ -98,10 +98,9 @@ func FuzzServePacket(f *testing.F) {
 		clients:     guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock),
 		limiter:     guard.NewTokenBucket(1, 64, clock),
 		action:      LimitAction{Kind: ActionSlip, N: 2},
-		breaker:     guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{}),
 		maxInflight: 1000,
 		maxUDPSize:  maxUDP,
-		upstream:    up,
+		upstreams:   onePool(up, guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{})),
 		metrics:     metrics.New(),
 	}
 	var client netip.AddrPort // set before each packet; read by the handler, on the same goroutine

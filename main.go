@@ -1,10 +1,12 @@
 // Command dnsproxi is a DNS forwarding proxy with guard gates: an access
 // list (DNS_ALLOW, local and private networks by default), a token bucket
 // per client (DNS_CLIENT_RATE_LIMIT) and one shared by all (DNS_RATE_LIMIT)
-// that refuse traffic beyond a rate, and a circuit breaker that stops
-// sending to an upstream that keeps failing (DNS_BREAKER_THRESHOLD). The
-// buckets and the breaker are off by default. Run dnsproxi -h for the
-// variables. SIGINT or SIGTERM stops it once the queries in flight are
+// that refuse traffic beyond a rate, and a circuit breaker per upstream that
+// stops sending to an upstream that keeps failing (DNS_BREAKER_THRESHOLD).
+// It forwards to one upstream or to several (DNS_UPSTREAM is a list),
+// retrying and hedging at the next one within a budget (DNS_RETRY_BUDGET)
+// and one deadline. The buckets and the breakers are off by default. Run
+// dnsproxi -h for the variables. SIGINT or SIGTERM stops it once the queries in flight are
 // answered; SIGHUP is logged and changes nothing.
 package main
 
@@ -26,7 +28,7 @@ import (
 	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
-	"dnsproxi/upstream"
+	"dnsproxi/pool"
 )
 
 func main() {
@@ -69,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		return 1
 	}
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
-		"upstream_timeout", cfg.UpstreamTimeout, "rate_limit", cfg.RateLimit.String(),
+		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
@@ -116,13 +118,13 @@ func breakerSummary(cfg Config) string {
 		cfg.BreakerThreshold, cfg.BreakerWindow, cfg.BreakerMinSamples, cfg.BreakerCoolOff)
 }
 
-// app is one running proxy: its gates, upstream, DNS server and metrics.
+// app is one running proxy: its gates, upstreams, DNS server and metrics.
 type app struct {
 	cfg         Config
 	log         *slog.Logger
 	metrics     *metrics.Metrics
 	proxy       *proxy
-	upstream    *upstream.Upstream
+	upstreams   *pool.Pool
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
@@ -131,37 +133,16 @@ type app struct {
 // newApp builds the proxy from cfg, reading time from clock.
 func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
-	limiter, breaker := initGuard(cfg, clock)
-	if breaker != nil {
-		breaker.OnStateChange(func(from, to guard.State) {
-			m.BreakerChanges.WithLabelValues(from.String(), to.String()).Inc()
-			m.BreakerState.Set(float64(to)) // guard.State counts closed, half-open, open: as metrics.States
-			log.Info("breaker", "from", from.String(), "to", to.String())
-		})
-	}
-	up, err := upstream.New(upstream.Config{
-		Addr:        cfg.Upstream,
-		Timeout:     cfg.UpstreamTimeout,
-		Disable0x20: !cfg.Upstream0x20,
-		AvoidPorts:  ownPorts(cfg),
-		OnCaseFallback: func() {
-			log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
-				"upstream", cfg.Upstream)
-		},
-	})
+	ups, err := newUpstreams(cfg, clock, m, log)
 	if err != nil {
 		return nil, err
 	}
 	access, denied, clients := initAccess(cfg, clock)
 	m.WatchClients(clientStats(clients))
-	m.WatchUpstream(func() metrics.UpstreamStats {
-		s := up.Stats()
-		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
-			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
-	})
-	p := &proxy{access: access, denied: denied, clients: clients, limiter: limiter, action: cfg.LimitAction,
-		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m}
-	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
+	p := &proxy{access: access, denied: denied, clients: clients, limiter: initLimiter(cfg, clock),
+		action: cfg.LimitAction, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
+		upstreams: ups, metrics: m}
+	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
 		Handler:        dnsserver.HandlerFunc(p.handleQuery),
@@ -189,22 +170,13 @@ func maxUnanswered(maxInflight int) int {
 // unlimitedPending is the server's bound when DNS_MAX_INFLIGHT=0.
 const unlimitedPending = 65536
 
-// initGuard builds the gates the configuration asks for; nil means off.
-func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breaker) {
-	var limiter *guard.TokenBucket
-	if cfg.RateLimit.On() {
-		limiter = guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
+// initLimiter builds the entry gate the configuration asks for; nil means off.
+// The breakers, one per upstream, are built with the upstreams (upstreams.go).
+func initLimiter(cfg Config, clock guard.Clock) *guard.TokenBucket {
+	if !cfg.RateLimit.On() {
+		return nil
 	}
-	var breaker *guard.Breaker
-	if cfg.BreakerThreshold > 0 {
-		breaker = guard.NewBreaker(guard.BreakerConfig{
-			Window:        cfg.BreakerWindow,
-			MinSamples:    cfg.BreakerMinSamples,
-			FailThreshold: float64(cfg.BreakerThreshold) / 100,
-			CoolOff:       cfg.BreakerCoolOff,
-		}, clock)
-	}
-	return limiter, breaker
+	return guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
 }
 
 // start binds the metrics listener and the DNS server.
@@ -212,7 +184,7 @@ func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.upstream.Close()
+			a.upstreams.Close()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
@@ -222,7 +194,7 @@ func (a *app) start() error {
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.upstream.Close()
+		a.upstreams.Close()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
@@ -253,7 +225,7 @@ func (a *app) shutdown(ctx context.Context) error {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.upstream.Close()
+	a.upstreams.Close()
 	return err
 }
 

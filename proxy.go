@@ -10,14 +10,8 @@ import (
 	"dnsproxi/guard"
 	"dnsproxi/internal/wire"
 	"dnsproxi/metrics"
-	"dnsproxi/upstream"
+	"dnsproxi/pool"
 )
-
-// forwarder is the upstream as handleQuery sees it: it reports the outcome
-// of every query it is given exactly once, to done.
-type forwarder interface {
-	Forward(query []byte, network string, done upstream.Result)
-}
 
 // proxy answers queries by forwarding them through the gates. Its zero
 // fields are off or take their defaults.
@@ -28,11 +22,10 @@ type proxy struct {
 	limiter     *guard.TokenBucket   // entry gate; nil: off
 	action      LimitAction          // what a UDP query refused by an entry gate gets
 	slips       atomic.Uint64        // UDP queries refused under slip, to answer every Nth
-	breaker     *guard.Breaker       // forward gate; nil: off
-	maxInflight int64                // cap on queries at the upstream; 0: none
+	maxInflight int64                // cap on queries at the upstreams; 0: none
 	maxUDPSize  int                  // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
-	upstream    forwarder
+	upstreams   *pool.Pool // forward gate (a breaker per upstream) and exchange
 	metrics     *metrics.Metrics
 	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
 	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
@@ -112,45 +105,40 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		return
 	}
 
-	// 4. Forward gate: an open breaker answers SERVFAIL at once.
-	if p.breaker != nil {
-		var err error
-		if f.permit, err = p.breaker.Acquire(); err != nil {
-			p.leave()
-			f.recycle()
-			p.refuse(w, q, dns.RcodeServerFailure, edeBreakerOpen, qtype, metrics.BreakerOpen, start)
-			return
-		}
+	// 4. Forward gate: the upstream the policy gives among those whose
+	// breaker admits; when every breaker refuses, SERVFAIL at once.
+	x, err := p.upstreams.Acquire()
+	if err != nil {
+		p.leave()
+		f.recycle()
+		p.refuse(w, q, dns.RcodeServerFailure, edeBreakerOpen, qtype, metrics.BreakerOpen, start)
+		return
 	}
 
-	// 5. Exchange, under the proxy's own OPT. Whatever happens to the query
-	// (an answer, a timeout, a network error, shutdown), f.land runs exactly
-	// once, so the breaker hears of every call it let through exactly once.
+	// 5. Exchange, under the proxy's own OPT, within one deadline: a retry
+	// or a hedge at another upstream included (pool/). Each attempt tells
+	// its own breaker how it went; whatever happens to the query (an
+	// answer, a timeout, a network error, shutdown), f.land runs exactly once.
 	if coalesce {
 		p.share(f)
 	}
 	f.query = p.appendUpstreamQuery(f.query[:0], q)
-	f.sent = time.Now()
-	p.upstream.Forward(f.query, q.Net, f.done)
+	x.Forward(f.query, q.Net, f.done)
 }
 
-// land is a flight's completion: it tells the breaker how the call went,
-// then answers every waiter, each with its own answer.
+// land is a flight's completion: it answers every waiter, each with its
+// own answer. The query leaves DNS_MAX_INFLIGHT here, even while an
+// attempt it no longer needs is still out.
 func (f *flight) land(_, reply []byte, err error) {
 	p := f.p
 	p.leave()
-	p.metrics.UpstreamDuration.Observe(time.Since(f.sent).Seconds())
 	if f.shared {
 		p.unshare(f) // from here on no one joins: f.waiters is ours to read
 	}
 	ua, ok := upstreamAnswer{}, false
-	verdict := upstream.Judge(reply, err)
-	if err == nil {
-		if ua, ok = readUpstreamAnswer(reply, f.waiters[0].question()); !ok {
-			verdict = upstream.Failure // it matched the query, but its records cannot be read: no valid reply
-		}
+	if err == nil && reply != nil {
+		ua, ok = readUpstreamAnswer(reply, f.waiters[0].question()) // validReply let it through: ok
 	}
-	markBreaker(f.permit, verdict)
 	if ok {
 		p.noteRA(ua.flags)
 	}
@@ -192,18 +180,16 @@ func (p *proxy) appendUpstreamQuery(dst []byte, q *dnsserver.Query) []byte {
 	return dst
 }
 
-// markBreaker ends the breaker's permit with what the exchange says about the
-// upstream: an answer (SERVFAIL included) is a success, a failure a failure;
-// shutdown or a slow name's timeout is neither, and a probe's place is freed.
-func markBreaker(permit guard.Permit, v upstream.Verdict) {
-	switch v {
-	case upstream.Answer:
-		permit.Success()
-	case upstream.Failure:
-		permit.Failure()
-	default:
-		permit.Cancel()
+// validReply reports whether reply, which answers query (as upstream
+// validated it), has records the proxy can relay: a reply that does not is
+// no valid reply, a failure for the breakers and the retries alike.
+func validReply(query, reply []byte) bool {
+	qend, ok := wire.QuestionEnd(query)
+	if !ok {
+		return false
 	}
+	_, ok = readUpstreamAnswer(reply, query[wire.HeaderLen:qend])
+	return ok
 }
 
 // enter takes a place among the queries at the upstream, if the cap allows.

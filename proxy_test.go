@@ -59,7 +59,7 @@ func TestForwardPassesRcodesThrough(t *testing.T) {
 		}
 	}
 	// A well-formed SERVFAIL is an answer, not an upstream failure: the breaker stays closed.
-	if s := a.proxy.breaker.State(); s != guard.Closed {
+	if s := a.breaker(0).State(); s != guard.Closed {
 		t.Errorf("breaker %v after upstream SERVFAILs, want closed", s)
 	}
 	if got := count(a, "A", "forwarded", 7); got != 7 {
@@ -261,7 +261,7 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 	for range 4 { // four timeouts: 100% failures at MinSamples
 		ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
 	}
-	if s := a.proxy.breaker.State(); s != guard.Open {
+	if s := a.breaker(0).State(); s != guard.Open {
 		t.Fatalf("breaker %v after 4 timeouts, want open", s)
 	}
 	for range 5 {
@@ -307,7 +307,7 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 	if got := up.Total(); got != 5 {
 		t.Fatalf("upstream saw %d queries, want 5: exactly one probe", got)
 	}
-	if s := a.proxy.breaker.State(); s != guard.Closed {
+	if s := a.breaker(0).State(); s != guard.Closed {
 		t.Fatalf("breaker %v after a good probe, want closed", s)
 	}
 	if r := ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA)); r.Rcode != dns.RcodeSuccess {

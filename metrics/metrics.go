@@ -54,18 +54,30 @@ const OtherQType = "OTHER"
 // which is also what the breaker_state gauge holds.
 var States = []string{"closed", "half-open", "open"}
 
+// UpstreamResults are the values of upstream_requests_total's result label,
+// in the order of pool.AttemptResult's values.
+var UpstreamResults = []string{"answer", "timeout", "error"}
+
+// RetryReasons are the values of retries_total's reason label, in the
+// order of pool.Reason's values.
+var RetryReasons = []string{"failure", "answer", "hedge"}
+
 // Metrics holds the collectors of one proxy. Build it once with New.
 type Metrics struct {
 	Registry *prometheus.Registry
 
 	Queries          *prometheus.CounterVec
 	RequestDuration  prometheus.Histogram
-	UpstreamDuration prometheus.Histogram
+	UpstreamDuration *prometheus.HistogramVec // {upstream}
 	InFlight         prometheus.Gauge
-	BreakerState     prometheus.Gauge
-	BreakerChanges   *prometheus.CounterVec
+	BreakerState     *prometheus.GaugeVec   // {upstream}
+	BreakerChanges   *prometheus.CounterVec // {upstream, from, to}
 	Dropped          *prometheus.CounterVec
 	Coalesced        prometheus.Counter
+
+	UpstreamRequests     *prometheus.CounterVec // {upstream, result}
+	Retries              *prometheus.CounterVec // {reason}
+	RetryBudgetExhausted prometheus.Counter
 
 	byType map[uint16]int                    // query type → row of counts
 	counts [][numOutcomes]prometheus.Counter // [qtype row][outcome]: resolved once, so counting is one atomic add
@@ -85,22 +97,34 @@ func New() *Metrics {
 			Namespace: namespace, Name: "request_duration_seconds",
 			Help: "Time from a query's arrival to its answer (or its drop).", Buckets: buckets,
 		}),
-		UpstreamDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		UpstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "upstream_duration_seconds",
-			Help: "Time one upstream exchange took, successful or not.", Buckets: buckets,
-		}),
+			Help: "Time one attempt at an upstream took, successful or not, by upstream.", Buckets: buckets,
+		}, []string{"upstream"}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "queries_in_flight",
 			Help: "Queries between the forward gate and their answer.",
 		}),
-		BreakerState: prometheus.NewGauge(prometheus.GaugeOpts{
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "breaker_state",
-			Help: "The circuit breaker's state: 0 closed, 1 half-open, 2 open.",
-		}),
+			Help: "Each upstream's circuit breaker state: 0 closed, 1 half-open, 2 open.",
+		}, []string{"upstream"}),
 		BreakerChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "breaker_transitions_total",
-			Help: "Circuit breaker state changes, by the state left and the state entered.",
-		}, []string{"from", "to"}),
+			Help: "Circuit breaker state changes, by upstream, by the state left and the state entered.",
+		}, []string{"upstream", "from", "to"}),
+		UpstreamRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "upstream_requests_total",
+			Help: "Attempts at each upstream (first attempts, retries and hedges), by how they ended.",
+		}, []string{"upstream", "result"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "retries_total",
+			Help: "Second attempts sent to another upstream, by why: a fast failure, a SERVFAIL or REFUSED answer, or a hedge.",
+		}, []string{"reason"}),
+		RetryBudgetExhausted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "retry_budget_exhausted_total",
+			Help: "Retries and hedges not sent because the retry budget was spent.",
+		}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "server_dropped_total",
 			Help: "Packets and connections the server answered or dropped before the handler, by reason.",
@@ -124,18 +148,15 @@ func New() *Metrics {
 		}
 		m.counts = append(m.counts, row)
 	}
-	for _, from := range States {
-		for _, to := range States {
-			if from != to {
-				m.BreakerChanges.WithLabelValues(from, to)
-			}
-		}
+	for _, r := range RetryReasons {
+		m.Retries.WithLabelValues(r)
 	}
 	for _, r := range []string{"malformed", "response", "overloaded", "tcp_conn_limit", "tcp_slow_reader"} {
 		m.Dropped.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(m.Queries, m.RequestDuration, m.UpstreamDuration, m.InFlight,
 		m.BreakerState, m.BreakerChanges, m.Dropped, m.Coalesced,
+		m.UpstreamRequests, m.Retries, m.RetryBudgetExhausted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -162,37 +183,6 @@ func (m *Metrics) Count(row QTypeRow, outcome Outcome) {
 // Handler serves the registry in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
-}
-
-// UpstreamStats is what the upstream client counts itself; the metrics read
-// it at every scrape.
-type UpstreamStats struct {
-	CaseMismatches uint64 // replies ignored: their question came back in another letter case
-	Rotations      uint64 // UDP sockets replaced by one on a fresh random port
-	Case0x20       bool   // the query name's letter case is randomised (0x20)
-}
-
-// WatchUpstream exports the upstream client's own counts, read at scrape time.
-func (m *Metrics) WatchUpstream(read func() UpstreamStats) {
-	m.Registry.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: namespace, Name: "upstream_case_mismatches_total",
-			Help: "Upstream replies ignored because their question came back in another letter case (0x20): forged, or an upstream that does not echo case.",
-		}, func() float64 { return float64(read().CaseMismatches) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: namespace, Name: "upstream_socket_rotations_total",
-			Help: "Upstream UDP sockets replaced by one on a fresh random source port.",
-		}, func() float64 { return float64(read().Rotations) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: namespace, Name: "upstream_0x20",
-			Help: "1 while the query name's letter case is randomised upstream (0x20); 0 when off or switched off for an upstream that does not echo case.",
-		}, func() float64 {
-			if read().Case0x20 {
-				return 1
-			}
-			return 0
-		}),
-	)
 }
 
 // ClientStats is what the per-client table counts itself; the metrics read

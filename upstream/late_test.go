@@ -112,8 +112,8 @@ func TestTakeJudgesTheDeadline(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			u := &Upstream{cfg: Config{Timeout: time.Second}, epoch: t0}
 			s := &udpSocket{u: u, pending: make(pending)}
-			c := newCall(u, query, qend, func(_, _ []byte, _ error) {}, deadline)
-			c.sent = t0
+			c := newCall(u, query, qend, func(_, _ []byte, _ error) {}, t0, deadline)
+			c.lastSent = t0
 			if !tt.tcp {
 				c.mixed = mixCase(c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], &s.rng)
 			}

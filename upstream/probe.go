@@ -113,7 +113,7 @@ func (u *Upstream) sendProbe(query []byte) {
 	}
 	quick, known := u.cases.quickest.get()
 	now := time.Now()
-	c := newCall(u, query, qend, u.probeDone, now.Add(probeWait(quick, known, u.cfg.Timeout)))
+	c := newCall(u, query, qend, u.probeDone, now, now.Add(probeWait(quick, known, u.cfg.Timeout)))
 	c.probe = true
 	u.cases.probes.Add(1)
 	u.sendUDP(c, now)

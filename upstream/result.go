@@ -135,7 +135,7 @@ func (u *Upstream) pastDeadline(c *call) error {
 // ErrNameTimeout if the upstream answered another query since c was sent,
 // ErrTimeout if not.
 func (u *Upstream) timeoutFor(c *call) error {
-	sent := c.deadline.Add(-u.cfg.Timeout).Sub(u.epoch) // monotonic, as the stamp is
+	sent := c.sent.Sub(u.epoch) // monotonic, as the stamp is
 	if time.Duration(u.answered.Load()) > sent {
 		return ErrNameTimeout
 	}

@@ -134,7 +134,7 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 		bothCases(name)
 	}
 	c.suspect = false
-	c.sent = now
+	c.lastSent = now
 	if err := s.pending.add(c, &s.rng); err != nil {
 		return false, err
 	}
@@ -195,7 +195,7 @@ func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspe
 		delete(s.pending, id)
 		if c.mixed { // an exact echo, in time: a question the upstream answers, and how quickly
 			s.known = append(s.known[:0], c.wire[wire.HeaderLen:c.qend]...)
-			s.u.cases.quickest.add(now.Sub(c.sent))
+			s.u.cases.quickest.add(now.Sub(c.lastSent))
 		}
 		return c, v, false
 	case s.u.cases.plain.Load() && !c.probe:

@@ -211,8 +211,21 @@ func (u *Upstream) background(fn func()) {
 // Forward sends query (a packet with one question) over network ("udp" or
 // "tcp") and reports the outcome to done, exactly once, later or before it
 // returns. Over UDP a reply with TC set is reported as it is. query is
-// copied: the caller may reuse it once Forward returns.
+// copied: the caller may reuse it once Forward returns. The query's
+// deadline is Config.Timeout from now.
 func (u *Upstream) Forward(query []byte, network string, done Result) {
+	u.forward(query, network, time.Time{}, done)
+}
+
+// ForwardUntil is Forward with the caller's deadline: a caller that has
+// spent part of a query's time elsewhere gives what is left. A deadline
+// later than Config.Timeout from now is cut to it.
+func (u *Upstream) ForwardUntil(query []byte, network string, deadline time.Time, done Result) {
+	u.forward(query, network, deadline, done)
+}
+
+// forward is Forward and ForwardUntil; a zero deadline is Timeout from now.
+func (u *Upstream) forward(query []byte, network string, deadline time.Time, done Result) {
 	qend, ok := wire.QuestionEnd(query)
 	if !ok {
 		done(query, nil, ErrNoQuery)
@@ -223,7 +236,10 @@ func (u *Upstream) Forward(query []byte, network string, done Result) {
 		return
 	}
 	now := time.Now()
-	c := newCall(u, query, qend, done, now.Add(u.cfg.Timeout))
+	if latest := now.Add(u.cfg.Timeout); deadline.IsZero() || deadline.After(latest) {
+		deadline = latest
+	}
+	c := newCall(u, query, qend, done, now, deadline)
 	if network == "tcp" {
 		u.forwardTCP(c)
 		return
@@ -328,9 +344,10 @@ type call struct {
 	wire     []byte // the query as sent, under the upstream ID and case while it is out
 	name     []byte // the question's name as the caller wrote it
 	clientID uint16
-	qend     int // wire[12:qend] is the question
+	qend     int       // wire[12:qend] is the question
+	sent     time.Time // when Forward took it: what a timeout is judged from (result.go)
 	deadline time.Time
-	sent     time.Time // when it last went out over UDP: an exact reply's time is measured from it
+	lastSent time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
 	retried  bool // sent again after its TCP connection failed
 	mixed    bool // the name went out in a random case (0x20): a reply must echo it
@@ -340,13 +357,13 @@ type call struct {
 
 var calls = sync.Pool{New: func() any { return new(call) }}
 
-func newCall(u *Upstream, query []byte, qend int, done Result, deadline time.Time) *call {
+func newCall(u *Upstream, query []byte, qend int, done Result, sent, deadline time.Time) *call {
 	c := calls.Get().(*call)
 	c.u = u
 	c.wire = append(c.wire[:0], query...)
 	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
-	c.clientID, c.qend, c.deadline, c.done = wire.ID(query), qend, deadline, done
-	c.sent = time.Time{}
+	c.clientID, c.qend, c.sent, c.deadline, c.done = wire.ID(query), qend, sent, deadline, done
+	c.lastSent = time.Time{}
 	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
 }

@@ -46,6 +46,13 @@ func TestDrills(t *testing.T) {
 				t.Errorf("fairness numbers %v", n)
 			}
 		},
+		"failover": func(t *testing.T, n map[string]int) {
+			if n["dead_answered"]*100 < 97*n["dead_total"] || n["tripped"] != 1 || n["closed_again"] != 1 ||
+				n["after_second"] != 0 || n["after_first"] == 0 || n["storm_ratio_milli"] == 0 || n["storm_ratio_milli"] > 1130 ||
+				n["storm_after_packets"] > n["storm_probes"] {
+				t.Errorf("failover numbers %v", n)
+			}
+		},
 		"overload": func(t *testing.T, n map[string]int) {
 			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
 				t.Errorf("overload numbers %v", n)

@@ -40,7 +40,9 @@ func (r *rig) expect(ok bool, format string, args ...any) {
 }
 
 func (r *rig) startProxy(env map[string]string) error {
-	env["DNS_UPSTREAM"] = r.up.Addr()
+	if _, ok := env["DNS_UPSTREAM"]; !ok {
+		env["DNS_UPSTREAM"] = r.up.Addr()
+	}
 	p, err := startProxy(r.bin, env)
 	if err != nil {
 		return err

@@ -3,7 +3,7 @@
 // through its environment, clients on loopback, and a report read from the
 // proxy's /metrics. It exits 1 when a gate did not behave as the chapter says.
 //
-//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|overload|fairness|all [-quick]
+//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|failover|overload|fairness|all [-quick]
 //	go run ./exercises/drill upstream -mode blackhole -addr 127.0.0.1:5300
 package main
 
@@ -30,6 +30,7 @@ var drills = []struct {
 	{"flap", "the breaker follows an upstream that dies and heals in turns", drillFlap},
 	{"slow", "what clients see of a slow upstream, without and with the breaker", drillSlow},
 	{"slownames", "slow names among answered neighbours cannot open the breaker; a dark upstream still does", drillSlowNames},
+	{"failover", "two upstreams: a dead first is hedged around, tripped, probed back; a dead pair gets no retry storm", drillFailover},
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
 	{"fairness", "one flooder and twenty polite clients: the global bucket, the per-client bucket, slip", drillFairness},
 }

@@ -203,16 +203,57 @@ func (s Scrape) Outcome(outcome string) int {
 // Get returns one sample by its full name, labels included.
 func (s Scrape) Get(name string) float64 { return s[name] }
 
-// Transitions returns dnsproxi_breaker_transitions_total{from,to}.
+// Transitions sums dnsproxi_breaker_transitions_total{from,to} over the upstreams.
 func (s Scrape) Transitions(from, to string) int {
-	return int(s[fmt.Sprintf(`dnsproxi_breaker_transitions_total{from="%s",to="%s"}`, from, to)])
+	total := 0.0
+	for k, v := range s {
+		name, labels := splitSample(k)
+		if name == "dnsproxi_breaker_transitions_total" && labels["from"] == from && labels["to"] == to {
+			total += v
+		}
+	}
+	return int(total)
 }
 
-// BreakerState names the breaker_state gauge's value.
+// TransitionsOf returns dnsproxi_breaker_transitions_total{upstream,from,to}.
+func (s Scrape) TransitionsOf(upstream, from, to string) int {
+	return int(s[fmt.Sprintf(`dnsproxi_breaker_transitions_total{from="%s",to="%s",upstream="%s"}`, from, to, upstream)])
+}
+
+// BreakerState names the breaker_state gauge of the proxy's one upstream;
+// "?" if there is not exactly one.
 func (s Scrape) BreakerState() string {
-	v := int(s["dnsproxi_breaker_state"])
-	if v >= 0 && v < len(metrics.States) {
-		return metrics.States[v]
+	state, n := "?", 0
+	for k := range s {
+		if name, labels := splitSample(k); name == "dnsproxi_breaker_state" {
+			state = s.BreakerStateOf(labels["upstream"])
+			n++
+		}
+	}
+	if n != 1 {
+		return "?"
+	}
+	return state
+}
+
+// BreakerStateOf names one upstream's breaker_state gauge.
+func (s Scrape) BreakerStateOf(upstream string) string {
+	v, ok := s[`dnsproxi_breaker_state{upstream="`+upstream+`"}`]
+	if i := int(v); ok && i >= 0 && i < len(metrics.States) {
+		return metrics.States[i]
 	}
 	return "?"
+}
+
+// labelPair matches one label of a sample: name="value".
+var labelPair = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"`)
+
+// splitSample splits a Scrape key into the metric's name and its labels.
+func splitSample(key string) (string, map[string]string) {
+	name, rest, _ := strings.Cut(key, "{")
+	labels := map[string]string{}
+	for _, m := range labelPair.FindAllStringSubmatch(rest, -1) {
+		labels[m[1]] = m[2]
+	}
+	return name, labels
 }

@@ -1,0 +1,69 @@
+package pool
+
+import (
+	"testing"
+	"time"
+
+	"dnsproxi/guard"
+)
+
+// BenchmarkChoose is what a query pays to choose its upstream among 4
+// whose breakers are all closed, by each policy: the policy's start and
+// the breakers' Acquire. The target is at most 100 ns and no allocation.
+func BenchmarkChoose(b *testing.B) {
+	for _, policy := range []Policy{Sequential, RoundRobin, Fastest} {
+		p := benchPool(b, policy)
+		b.Run(policy.String(), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				i, permit, ok := p.choose(p.firstStart(), 0)
+				if !ok || i < 0 {
+					b.Fatal("refused")
+				}
+				permit.Success()
+			}
+		})
+		b.Run(policy.String()+"-parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, _, ok := p.choose(p.firstStart(), 0); !ok {
+						b.Fatal("refused")
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkAcquire is choosing plus taking an Exchange from the pool and
+// giving it back: the forward gate's whole cost.
+func BenchmarkAcquire(b *testing.B) {
+	p := benchPool(b, Sequential)
+	b.ReportAllocs()
+	for b.Loop() {
+		x, err := p.Acquire()
+		if err != nil {
+			b.Fatal(err)
+		}
+		x.recycle()
+	}
+}
+
+func benchPool(b *testing.B, policy Policy) *Pool {
+	b.Helper()
+	cfg := Config{Policy: policy}
+	for i := range 4 {
+		br := guard.NewBreaker(guard.BreakerConfig{CoolOff: time.Second}, guard.RealClock{})
+		cfg.Members = append(cfg.Members, Member{Name: string(rune('a' + i)), Upstream: &fakeUpstream{}, Breaker: br})
+	}
+	p, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range p.members {
+		p.members[i].srtt.Store(int64(i+1) * int64(time.Millisecond))
+	}
+	b.Cleanup(func() { p.Close() })
+	return p
+}

@@ -1,0 +1,303 @@
+package pool
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"dnsproxi/guard"
+	"dnsproxi/upstream"
+)
+
+// maxAttempts bounds the attempts of one query: the first, and one retry
+// or hedge.
+const maxAttempts = 2
+
+// The rcodes worth asking another upstream about.
+const (
+	rcodeServFail = 2
+	rcodeRefused  = 5
+)
+
+// errInvalidReply ends an attempt whose reply Config.Valid refused.
+var errInvalidReply = errors.New("pool: the reply's records cannot be read")
+
+// Exchange is one query's way through the pool: its attempts, and the one
+// report the caller gets. Acquire hands it out; Forward sends it; it
+// returns to the pool by itself once the caller has its report and every
+// attempt has reported.
+//
+// Exactly once, by construction: each attempt's Forwarder reports that
+// attempt exactly once, and the attempt's report is where its breaker hears
+// of it. The caller's report is made by whoever sets finished under mu —
+// the attempt that brings a good answer, or the last one to end — and by no
+// one else. The Exchange is recycled by whoever, under mu, finds the
+// caller's report made and no attempt out: that happens once.
+type Exchange struct {
+	p  *Pool
+	mu sync.Mutex
+	// gen counts the Exchange's uses; a hedge names the use it is for, so
+	// one due after its query ended, or after the Exchange was reused, does
+	// nothing.
+	gen uint64
+
+	// Set by begin and Forward, read-only until the Exchange is recycled.
+	query    []byte // a copy: retries and hedges send it again
+	network  string
+	deadline time.Time
+	start    int // where an extra attempt's scan starts (policy.go)
+	done     upstream.Result
+
+	// Guarded by mu.
+	tried    uint32 // a bit per upstream an attempt went to
+	attempts int    // attempts sent or being set up
+	out      int    // attempts whose report is awaited, one being set up included
+	finished bool   // the caller's report is decided
+	reported bool   // the caller's report has returned
+	kept     []byte // a SERVFAIL or REFUSED answer, copied, in case nothing better comes
+	hasKept  bool
+	keptErr  error // the last error, for when no answer comes at all
+
+	att [maxAttempts]attempt
+}
+
+// attempt is one send of the query to one upstream. Its fields are written
+// before the send and read by its report.
+type attempt struct {
+	member int
+	permit guard.Permit
+	sent   time.Time
+	report upstream.Result // made once per Exchange, not once per query
+}
+
+func newExchange(p *Pool) *Exchange {
+	x := &Exchange{p: p}
+	for i := range x.att {
+		x.att[i].report = func(_, reply []byte, err error) { x.land(i, reply, err) }
+	}
+	return x
+}
+
+// begin readies x for a query whose first attempt goes to upstream i.
+func (x *Exchange) begin(i int, permit guard.Permit, start int) {
+	x.att[0].member, x.att[0].permit = i, permit
+	x.start = start
+	x.tried, x.attempts, x.out = 1<<i, 1, 1
+	x.finished, x.reported, x.hasKept, x.keptErr = false, false, false, nil
+}
+
+// Forward sends query (one question) over network ("udp" or "tcp") to the
+// upstream Acquire chose and reports the query's outcome to done, exactly
+// once, by the deadline: the first good answer, else the last SERVFAIL or
+// REFUSED answer, else the last error. query is copied; done's query is the
+// copy. After done returns, x belongs to the pool again.
+func (x *Exchange) Forward(query []byte, network string, done upstream.Result) {
+	p := x.p
+	now := p.now()
+	x.query = append(x.query[:0], query...)
+	x.network, x.done = network, done
+	x.deadline = now.Add(p.timeout)
+	a := &x.att[0]
+	a.sent = now
+	if p.budget != nil {
+		p.budget.DepositAt(now)
+	}
+	if p.hedger != nil {
+		x.mu.Lock()
+		gen := x.gen
+		x.mu.Unlock()
+		p.hedger.add(x, gen, now.Add(p.hedge))
+	}
+	p.members[a.member].up.ForwardUntil(x.query, network, x.deadline, a.report)
+}
+
+// land is attempt i's report. It tells the attempt's breaker, then decides
+// what the query does next: report, wait for the other attempt, or retry.
+func (x *Exchange) land(i int, reply []byte, err error) {
+	p := x.p
+	a := &x.att[i]
+	now := p.now()
+	v := upstream.Judge(reply, err)
+	if v == upstream.Answer && p.valid != nil && !p.valid(x.query, reply) {
+		v, reply, err = upstream.Failure, nil, errInvalidReply
+	}
+	mark(a.permit, v)
+	a.permit = guard.Permit{}
+	p.observe(a.member, v, err, now.Sub(a.sent))
+	good, reason, worthRetry := judgeForQuery(v, reply)
+
+	x.mu.Lock()
+	x.out--
+	switch {
+	case x.finished: // the query was answered by the other attempt
+		free := x.reported && x.out == 0
+		x.mu.Unlock()
+		if free {
+			x.recycle()
+		}
+		return
+	case good:
+		x.finished = true
+		x.mu.Unlock()
+		x.report(reply, nil)
+		return
+	case x.out > 0: // the other attempt is out: it decides
+		x.keep(reply, err)
+		x.mu.Unlock()
+		return
+	case worthRetry && x.mayExtend(now):
+		x.keep(reply, err)
+		tried := x.reserve()
+		x.mu.Unlock()
+		x.extend(reason, tried)
+		return
+	}
+	x.finished = true
+	if reply != nil { // the latest SERVFAIL or REFUSED
+		x.mu.Unlock()
+		x.report(reply, nil)
+		return
+	}
+	x.mu.Unlock()
+	x.reportKept(err)
+}
+
+// judgeForQuery says what an attempt's result is worth to the query: good
+// (an answer to relay at once), or worth an extra attempt and why.
+func judgeForQuery(v upstream.Verdict, reply []byte) (good bool, why Reason, worthRetry bool) {
+	switch v {
+	case upstream.Answer:
+		if rc := reply[3] & 0x0f; rc == rcodeServFail || rc == rcodeRefused {
+			return false, RetryAnswer, true
+		}
+		return true, 0, false
+	case upstream.Failure: // a timeout too; mayExtend finds no time left for it
+		return false, RetryFailure, true
+	}
+	return false, 0, false
+}
+
+// mayExtend reports whether an extra attempt may be set up now: none was
+// yet, the pool has a budget and another upstream, and at least minLeft of
+// the deadline is left. It requires that x.mu is held.
+func (x *Exchange) mayExtend(now time.Time) bool {
+	return x.attempts < maxAttempts && x.p.budget != nil && len(x.p.members) > 1 &&
+		x.deadline.Sub(now) >= x.p.minLeft
+}
+
+// reserve counts an extra attempt as sent and out before it is set up, so
+// that no one reports or recycles the query meanwhile. It requires that
+// x.mu is held, and returns the upstreams tried so far.
+func (x *Exchange) reserve() uint32 {
+	x.attempts++
+	x.out++
+	return x.tried
+}
+
+// keep remembers a result that is not good, in case nothing better comes:
+// an answer (copied: reply is lent only until the report returns) over an
+// error. It requires that x.mu is held.
+func (x *Exchange) keep(reply []byte, err error) {
+	if reply != nil {
+		x.kept = append(x.kept[:0], reply...)
+		x.hasKept = true
+		return
+	}
+	x.keptErr = err
+}
+
+// extend sets up and sends the extra attempt reserved for reason: the next
+// upstream the policy gives, if its breaker admits and the budget allows.
+// If not, the reservation is given back, and if nothing else is out the
+// query is reported with what it has.
+func (x *Exchange) extend(reason Reason, tried uint32) {
+	p := x.p
+	i, permit, ok := p.choose(x.start, tried)
+	if ok && !p.budget.Withdraw() {
+		permit.Cancel()
+		permit, ok = guard.Permit{}, false
+		if p.obs != nil {
+			p.obs.BudgetExhausted()
+		}
+	}
+	x.mu.Lock()
+	if !ok || x.finished {
+		permit.Cancel() // the zero Permit, or one taken while the other attempt answered
+		x.attempts--
+		x.out--
+		if !x.finished && x.out == 0 {
+			x.finished = true
+			x.mu.Unlock()
+			x.reportKept(nil)
+			return
+		}
+		free := x.finished && x.reported && x.out == 0
+		x.mu.Unlock()
+		if free {
+			x.recycle()
+		}
+		return
+	}
+	a := &x.att[x.attempts-1]
+	a.member, a.permit, a.sent = i, permit, p.now()
+	x.tried |= 1 << i
+	x.mu.Unlock()
+	if p.obs != nil {
+		p.obs.Retry(reason)
+	}
+	p.members[i].up.ForwardUntil(x.query, x.network, x.deadline, a.report)
+}
+
+// hedge is the hedge of use gen coming due: if that query is still waiting
+// for its first attempt alone, the extra attempt goes out.
+func (x *Exchange) hedge(gen uint64) {
+	x.mu.Lock()
+	if x.gen != gen || x.finished || !x.mayExtend(x.p.now()) {
+		x.mu.Unlock()
+		return
+	}
+	tried := x.reserve()
+	x.mu.Unlock()
+	x.extend(RetryHedge, tried)
+}
+
+// reportKept reports the best result kept: an answer if one came, else
+// the last error (err if it is the latest).
+func (x *Exchange) reportKept(err error) {
+	if x.hasKept {
+		x.report(x.kept, nil)
+		return
+	}
+	if err == nil {
+		err = x.keptErr
+	}
+	if err == nil {
+		err = upstream.ErrTimeout // no attempt could be sent or ended: cannot happen, but never report nothing
+	}
+	x.report(nil, err)
+}
+
+// report gives the query's outcome to the caller: the one report.
+func (x *Exchange) report(reply []byte, err error) {
+	x.done(x.query, reply, err)
+	x.mu.Lock()
+	x.reported = true
+	free := x.out == 0
+	x.mu.Unlock()
+	if free {
+		x.recycle()
+	}
+}
+
+// recycle returns x to the pool; a hedge still queued for this use finds
+// another gen.
+func (x *Exchange) recycle() {
+	x.mu.Lock()
+	x.gen++
+	x.mu.Unlock()
+	x.done, x.keptErr = nil, nil
+	for i := range x.att {
+		x.att[i].permit = guard.Permit{}
+	}
+	x.p.exchanges.Put(x)
+}

@@ -1,0 +1,140 @@
+package pool
+
+import (
+	"sync"
+	"time"
+
+	"dnsproxi/guard"
+)
+
+// hedgeTick is the least a hedger sleeps: hedges due within it of one
+// another go out together, so a flood wakes it at most 1000 times a second
+// and a hedge goes out at most this late.
+const hedgeTick = time.Millisecond
+
+// hedger sends the hedges of a pool from one goroutine: a waiting query is
+// an entry in a queue, not a goroutine or a timer of its own. Every query
+// is hedged the same delay after its send, so the queue is in the order the
+// hedges come due, and the goroutine sleeps until the oldest one.
+type hedger struct {
+	mu    sync.Mutex
+	queue []hedgeEntry // due in order from head
+	head  int
+
+	wake  chan struct{} // the queue was empty and is not
+	stop  chan struct{}
+	done  chan struct{}
+	clock guard.Clock
+	timer *time.Timer // the real clock's, reused
+}
+
+type hedgeEntry struct {
+	x   *Exchange
+	gen uint64
+	due time.Time
+}
+
+// waiter is implemented by clocks that can wait (guard.ManualClock does):
+// tests then drive the hedges by advancing the clock.
+type waiter interface {
+	After(d time.Duration) <-chan time.Time
+}
+
+func newHedger(c guard.Clock) *hedger {
+	h := &hedger{
+		wake:  make(chan struct{}, 1),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		clock: c,
+	}
+	if _, ok := c.(guard.RealClock); ok || c == nil {
+		h.clock = guard.RealClock{}
+		h.timer = time.NewTimer(time.Hour)
+		h.timer.Stop()
+	}
+	go h.run()
+	return h
+}
+
+// add queues the hedge of x's use gen, due at due.
+func (h *hedger) add(x *Exchange, gen uint64, due time.Time) {
+	h.mu.Lock()
+	wasEmpty := h.head == len(h.queue)
+	h.queue = append(h.queue, hedgeEntry{x, gen, due})
+	h.mu.Unlock()
+	if wasEmpty {
+		select {
+		case h.wake <- struct{}{}:
+		default: // a wake is already pending
+		}
+	}
+}
+
+// close stops the goroutine; queued hedges are dropped (their queries end
+// by their first attempts).
+func (h *hedger) close() {
+	close(h.stop)
+	<-h.done
+}
+
+// run sends each hedge as it comes due, until close.
+func (h *hedger) run() {
+	defer close(h.done)
+	var due []hedgeEntry
+	// alarm is pending only while the queue holds entries, and is for the
+	// oldest: entries added later come due later, so it is never too late.
+	var alarm <-chan time.Time
+	for {
+		var wait time.Duration
+		due, wait = h.takeDue(h.clock.Now(), due[:0])
+		for i, e := range due {
+			e.x.hedge(e.gen)
+			due[i] = hedgeEntry{} // keep no Exchange alive
+		}
+		if wait > 0 && alarm == nil {
+			alarm = h.after(wait)
+		}
+		select {
+		case <-h.stop:
+			return
+		case <-h.wake:
+		case <-alarm:
+			alarm = nil
+		}
+	}
+}
+
+// takeDue moves the entries due at now to out and returns how long to
+// sleep before the next one (at least hedgeTick), or 0 if none is left.
+func (h *hedger) takeDue(now time.Time, out []hedgeEntry) ([]hedgeEntry, time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.head < len(h.queue) && !h.queue[h.head].due.After(now) {
+		out = append(out, h.queue[h.head])
+		h.queue[h.head] = hedgeEntry{}
+		h.head++
+	}
+	if h.head == len(h.queue) {
+		h.queue, h.head = h.queue[:0], 0
+		return out, 0
+	}
+	if h.head > len(h.queue)/2 { // reuse the front: the queue stays as long as the hedges in the air
+		n := copy(h.queue, h.queue[h.head:])
+		clear(h.queue[n:])
+		h.queue, h.head = h.queue[:n], 0
+	}
+	return out, max(h.queue[h.head].due.Sub(now), hedgeTick)
+}
+
+// after returns a channel that fires after d, on the clock's own timers
+// when it has them.
+func (h *hedger) after(d time.Duration) <-chan time.Time {
+	if h.timer != nil {
+		h.timer.Reset(d) // since Go 1.23 a Reset timer never delivers a stale tick
+		return h.timer.C
+	}
+	if w, ok := h.clock.(waiter); ok {
+		return w.After(d)
+	}
+	return time.After(d)
+}

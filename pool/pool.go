@@ -1,0 +1,285 @@
+// Package pool is the set of upstreams dnsproxi forwards to: each upstream
+// with its own circuit breaker, the policy that chooses among them, and the
+// retries and hedges of one query, all inside the query's one deadline and
+// the retry budget.
+//
+// The rules, in the order a query meets them:
+//
+//   - Choosing is asking breakers: Acquire walks the upstreams in the
+//     policy's order and takes the first whose breaker admits (a half-open
+//     breaker's probe is a real query). When every breaker refuses, the
+//     query is refused at once: breaker first, never retried through.
+//   - One deadline: the query's deadline is Timeout from the first send,
+//     and every attempt below ends by it. A client never waits longer than
+//     with one upstream.
+//   - Retry: an attempt that fails fast (a network error, no valid reply)
+//     or answers SERVFAIL or REFUSED is sent once more, to the next upstream
+//     the policy gives, while at least a tenth of the deadline is left and
+//     the retry budget allows.
+//   - Hedge: if the first attempt has not answered after Hedge, the same
+//     query also goes to the next upstream (same budget, same deadline). The
+//     first good answer wins; SERVFAIL and REFUSED count as good only when
+//     nothing better can come.
+//   - At most two attempts per query, each reporting to its own breaker
+//     exactly once when it ends, even after the query was answered by the
+//     other; the caller hears of the query exactly once.
+//
+// The package knows one upstream only through Forwarder, so it never
+// imports the networking, and it knows metrics only through Observer.
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"dnsproxi/guard"
+	"dnsproxi/upstream"
+)
+
+// MaxMembers is the most upstreams a pool takes.
+const MaxMembers = 16
+
+// Forwarder is one upstream: it sends query over network and reports the
+// outcome to done exactly once, by deadline at the latest (*upstream.Upstream
+// is one).
+type Forwarder interface {
+	ForwardUntil(query []byte, network string, deadline time.Time, done upstream.Result)
+}
+
+// Member is one upstream of the pool.
+type Member struct {
+	Name     string         // the configured address: the value of the upstream label
+	Upstream Forwarder      // closed by Pool.Close if it is an io.Closer
+	Breaker  *guard.Breaker // nil: it always admits
+}
+
+// Config sets up a Pool. Members is required; the zero value of every other
+// field is off or takes its default.
+type Config struct {
+	Members []Member
+	Policy  Policy
+	Timeout time.Duration // a query's whole deadline, every attempt included (default upstream.DefaultTimeout)
+	// Hedge is how long the first attempt may go unanswered before the
+	// query also goes to the next upstream; 0: never. It needs a Budget.
+	Hedge time.Duration
+	// Budget caps retries and hedges together; nil: neither is ever sent.
+	Budget *guard.RetryBudget
+	// Valid, if set, is asked about every reply Judge calls an answer; a
+	// reply it refuses is a failure (no valid reply). query is the query as
+	// given to Forward.
+	Valid    func(query, reply []byte) bool
+	Observer Observer    // nil: nobody is told
+	Clock    guard.Clock // nil: RealClock{}
+}
+
+// Observer hears what the pool does, on the goroutine that did it. Its
+// methods must be quick and must not block.
+type Observer interface {
+	Attempt(member int, r AttemptResult, took time.Duration) // an attempt ended
+	Retry(r Reason)                                          // an extra attempt was sent
+	BudgetExhausted()                                        // the budget refused one
+}
+
+// AttemptResult is how one attempt ended, as the metrics name it.
+type AttemptResult int
+
+// The results of an attempt.
+const (
+	AttemptAnswer  AttemptResult = iota // a reply that validates, any rcode
+	AttemptTimeout                      // no valid reply before the deadline
+	AttemptError                        // anything else: network error, invalid reply, shutdown, never sent
+)
+
+// AttemptResults names each result, in order: the values of the result label.
+var AttemptResults = []string{"answer", "timeout", "error"}
+
+// String returns "answer", "timeout" or "error".
+func (r AttemptResult) String() string { return AttemptResults[r] }
+
+// Reason is why an extra attempt was sent.
+type Reason int
+
+// The reasons for an extra attempt.
+const (
+	RetryFailure Reason = iota // the attempt failed fast
+	RetryAnswer                // the attempt answered SERVFAIL or REFUSED
+	RetryHedge                 // the attempt had not answered after Config.Hedge
+)
+
+// Reasons names each reason, in order: the values of the reason label.
+var Reasons = []string{"failure", "answer", "hedge"}
+
+// String returns "failure", "answer" or "hedge".
+func (r Reason) String() string { return Reasons[r] }
+
+// ErrNoMembers and ErrTooManyMembers refuse a Config without upstreams or
+// with more than MaxMembers.
+var (
+	ErrNoMembers      = errors.New("pool: no upstream")
+	ErrTooManyMembers = fmt.Errorf("pool: more than %d upstreams", MaxMembers)
+)
+
+// Pool is a set of upstreams. It is safe for concurrent use. Build it with New.
+type Pool struct {
+	members []member
+	policy  Policy
+	timeout time.Duration
+	minLeft time.Duration // a retry or hedge needs this much of the deadline left
+	hedge   time.Duration
+	budget  *guard.RetryBudget
+	valid   func(query, reply []byte) bool
+	obs     Observer
+	clock   guard.Clock
+	real    bool // clock is RealClock: call time.Now directly
+
+	rotation  atomic.Uint64 // round_robin's starting point; fastest's exploring turn
+	exchanges sync.Pool
+	hedger    *hedger // nil: no hedging
+}
+
+// member is one upstream and what the pool learns of it.
+type member struct {
+	name    string
+	up      Forwarder
+	breaker *guard.Breaker
+	srtt    atomic.Int64 // smoothed response time in ns; 0: not measured yet
+	_       [40]byte     // keeps each member's srtt on a cache line of its own
+}
+
+// New returns a pool over cfg.Members. With a hedge, it starts the one
+// goroutine that sends hedges; Close stops it.
+func New(cfg Config) (*Pool, error) {
+	switch {
+	case len(cfg.Members) == 0:
+		return nil, ErrNoMembers
+	case len(cfg.Members) > MaxMembers:
+		return nil, ErrTooManyMembers
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = upstream.DefaultTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = guard.RealClock{}
+	}
+	_, real := cfg.Clock.(guard.RealClock)
+	p := &Pool{
+		members: make([]member, len(cfg.Members)),
+		policy:  cfg.Policy,
+		timeout: cfg.Timeout,
+		minLeft: cfg.Timeout / 10,
+		hedge:   cfg.Hedge,
+		budget:  cfg.Budget,
+		valid:   cfg.Valid,
+		obs:     cfg.Observer,
+		clock:   cfg.Clock,
+		real:    real,
+	}
+	for i, m := range cfg.Members {
+		p.members[i] = member{name: m.Name, up: m.Upstream, breaker: m.Breaker}
+	}
+	p.exchanges.New = func() any { return newExchange(p) }
+	if p.hedge > 0 && p.budget != nil && len(p.members) > 1 {
+		p.hedger = newHedger(cfg.Clock)
+	}
+	return p, nil
+}
+
+// Close stops the hedging goroutine, then closes every upstream that is an
+// io.Closer; the attempts still out end (upstream.ErrClosed) and report.
+func (p *Pool) Close() error {
+	if p.hedger != nil {
+		p.hedger.close()
+	}
+	var errs []error
+	for i := range p.members {
+		if c, ok := p.members[i].up.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Len returns how many upstreams the pool has.
+func (p *Pool) Len() int { return len(p.members) }
+
+// Name returns upstream i's configured address.
+func (p *Pool) Name(i int) string { return p.members[i].name }
+
+// Breaker returns upstream i's breaker, nil if it has none.
+func (p *Pool) Breaker(i int) *guard.Breaker { return p.members[i].breaker }
+
+// SmoothedRTT returns upstream i's smoothed response time, 0 before its
+// first answer: what the fastest policy compares.
+func (p *Pool) SmoothedRTT(i int) time.Duration { return time.Duration(p.members[i].srtt.Load()) }
+
+// Hedging reports whether the pool sends hedges.
+func (p *Pool) Hedging() bool { return p.hedger != nil }
+
+// Acquire chooses the upstream for a new query by the policy and takes its
+// breaker's permit. It returns guard.ErrOpen, taking nothing, if every
+// breaker refuses. The caller must then call Forward on the Exchange.
+func (p *Pool) Acquire() (*Exchange, error) {
+	start := p.firstStart()
+	i, permit, ok := p.choose(start, 0)
+	if !ok {
+		return nil, guard.ErrOpen
+	}
+	x := p.exchanges.Get().(*Exchange)
+	x.begin(i, permit, p.retryStart(start))
+	return x, nil
+}
+
+func (p *Pool) now() time.Time {
+	if p.real {
+		return time.Now()
+	}
+	return p.clock.Now()
+}
+
+// observe learns from one attempt of upstream i that took took and ended
+// with v: its smoothed response time moves an eighth of the way towards
+// took (a timeout counts in full, so a dead upstream looks slow), and the
+// Observer hears of it.
+func (p *Pool) observe(i int, v upstream.Verdict, err error, took time.Duration) {
+	m := &p.members[i]
+	if v != upstream.Uncounted {
+		// A plain load and store: two attempts racing lose one sample, no more.
+		s := m.srtt.Load()
+		if s == 0 {
+			s = int64(took)
+		} else {
+			s += (int64(took) - s) / 8
+		}
+		m.srtt.Store(max(s, 1))
+	}
+	if p.obs == nil {
+		return
+	}
+	r := AttemptError
+	switch {
+	case v == upstream.Answer:
+		r = AttemptAnswer
+	case errors.Is(err, upstream.ErrTimeout):
+		r = AttemptTimeout
+	}
+	p.obs.Attempt(i, r, took)
+}
+
+// mark ends a breaker's permit with what the exchange says about the
+// upstream: an answer (SERVFAIL included) is a success, a failure a
+// failure; shutdown or a slow name's timeout is neither, and a probe's
+// place is freed.
+func mark(permit guard.Permit, v upstream.Verdict) {
+	switch v {
+	case upstream.Answer:
+		permit.Success()
+	case upstream.Failure:
+		permit.Failure()
+	default:
+		permit.Cancel()
+	}
+}
