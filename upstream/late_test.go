@@ -157,7 +157,7 @@ func TestPastDeadline(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			u := &Upstream{cfg: Config{Timeout: time.Second}, epoch: t0}
-			c := &call{deadline: t0.Add(2 * time.Second), probe: tt.probe, suspect: tt.suspect} // sent at t0+1s
+			c := &call{sent: t0.Add(time.Second), deadline: t0.Add(2 * time.Second), probe: tt.probe, suspect: tt.suspect}
 			if tt.answeredMeantime {
 				u.markAnswered(t0.Add(1500 * time.Millisecond))
 			}
