@@ -133,6 +133,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
 	limiter, breaker := initGuard(cfg, clock)
 	if breaker != nil {
+		m.EnableBreaker()
 		breaker.OnStateChange(func(from, to guard.State) {
 			m.BreakerChanges.WithLabelValues(from.String(), to.String()).Inc()
 			m.BreakerState.Set(float64(to)) // guard.State counts closed, half-open, open: as metrics.States

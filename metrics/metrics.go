@@ -73,6 +73,7 @@ type Metrics struct {
 
 // New declares the collectors on a fresh registry, with the Go and process
 // collectors beside them, and sets every known label combination to zero.
+// The breaker's series are declared but not served until EnableBreaker.
 func New() *Metrics {
 	buckets := []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
 	m := &Metrics{
@@ -135,9 +136,15 @@ func New() *Metrics {
 		m.Dropped.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(m.Queries, m.RequestDuration, m.UpstreamDuration, m.InFlight,
-		m.BreakerState, m.BreakerChanges, m.Dropped, m.Coalesced,
+		m.Dropped, m.Coalesced,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// EnableBreaker serves the breaker's series. A proxy without a breaker
+// leaves them out, so that a breaker that is off never reads as closed.
+func (m *Metrics) EnableBreaker() {
+	m.Registry.MustRegister(m.BreakerState, m.BreakerChanges)
 }
 
 // QType returns the row of counts for query type t: its own, or OTHER's.
