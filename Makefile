@@ -7,8 +7,10 @@ GO ?= go
 run:
 	$(GO) run .
 
+# build stamps the binary with its commit (dnsproxi -version), even where
+# GOFLAGS says -buildvcs=false.
 build:
-	$(GO) build -o dnsproxi .
+	$(GO) build -buildvcs=auto -o dnsproxi .
 
 test:
 	$(GO) test -race ./...

@@ -48,6 +48,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		case "-h", "-help", "--help":
 			fmt.Fprint(stdout, usage())
 			return 0
+		case "-version", "--version":
+			fmt.Fprintln(stdout, readBuildVersion())
+			return 0
 		default:
 			fmt.Fprintf(stderr, "dnsproxi: unexpected argument %q: it is configured through DNS_* variables (dnsproxi -h)\n", a)
 			return 2
@@ -131,6 +134,8 @@ type app struct {
 // newApp builds the proxy from cfg, reading time from clock.
 func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
+	v := readBuildVersion()
+	m.BuildInfo(v.Version, v.Revision, v.GoVersion)
 	limiter, breaker := initGuard(cfg, clock)
 	if breaker != nil {
 		m.EnableBreaker()

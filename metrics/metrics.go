@@ -147,6 +147,18 @@ func (m *Metrics) EnableBreaker() {
 	m.Registry.MustRegister(m.BreakerState, m.BreakerChanges)
 }
 
+// BuildInfo serves dnsproxi_build_info, 1, labelled with what dnsproxi
+// -version prints: the module version, the VCS revision and the Go version.
+func (m *Metrics) BuildInfo(version, revision, goVersion string) {
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info",
+		Help:        "Always 1; its labels say which build is running: module version, VCS revision, Go version.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": goVersion},
+	})
+	info.Set(1)
+	m.Registry.MustRegister(info)
+}
+
 // QType returns the row of counts for query type t: its own, or OTHER's.
 func (m *Metrics) QType(t uint16) QTypeRow {
 	if i, ok := m.byType[t]; ok {
