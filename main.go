@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -129,6 +130,8 @@ type app struct {
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
+	listening   atomic.Bool // the DNS server is bound: /readyz
+	draining    atomic.Bool // shutdown has begun: /readyz says 503
 }
 
 // newApp builds the proxy from cfg, reading time from clock.
@@ -213,7 +216,8 @@ func initGuard(cfg Config, clock guard.Clock) (*guard.TokenBucket, *guard.Breake
 	return limiter, breaker
 }
 
-// start binds the metrics listener and the DNS server.
+// start binds the metrics listener (/metrics, /healthz, /readyz) and the
+// DNS server.
 func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
@@ -223,6 +227,8 @@ func (a *app) start() error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
+		mux.HandleFunc("/healthz", a.handleHealthz)
+		mux.HandleFunc("/readyz", a.handleReadyz)
 		a.metricsLn = ln
 		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go a.metricsHTTP.Serve(ln)
@@ -234,6 +240,7 @@ func (a *app) start() error {
 		}
 		return fmt.Errorf("DNS_LISTEN=%q: %v", a.cfg.Listen, err)
 	}
+	a.listening.Store(true)
 	return nil
 }
 
@@ -253,6 +260,7 @@ func (a *app) metricsURL() string {
 
 // shutdown stops taking queries, lets those in flight finish, then closes everything.
 func (a *app) shutdown(ctx context.Context) error {
+	a.draining.Store(true)
 	err := a.server.Shutdown(ctx)
 	if a.metricsHTTP != nil {
 		if herr := a.metricsHTTP.Shutdown(ctx); herr != nil && !errors.Is(herr, http.ErrServerClosed) {
