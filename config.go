@@ -21,26 +21,28 @@ import (
 // default, what -h says of it (desc) and, for numbers and durations, the
 // range it must lie in (min, max).
 type Config struct {
-	Listen            string        `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address; port 0 takes a free port"`
-	Upstream          string        `envconfig:"UPSTREAM" desc:"upstream resolver host:port, port 1..65535; unset: the first nameserver of /etc/resolv.conf, port 53"`
-	UpstreamTimeout   time.Duration `envconfig:"UPSTREAM_TIMEOUT" default:"2s" min:"10ms" max:"30s" desc:"deadline of one upstream exchange, TCP retry included"`
-	RateLimit         RateLimit     `envconfig:"RATE_LIMIT" default:"off" desc:"entry gate: rate or rate,burst in queries per second, rate 0.001..100000000, burst 1..100000000 (without one: the rate rounded up); off"`
-	BreakerThreshold  int           `envconfig:"BREAKER_THRESHOLD" default:"0" min:"0" max:"100" desc:"forward gate: failure percentage that trips the breaker; 0 = off"`
-	BreakerMinSamples int           `envconfig:"BREAKER_MIN_SAMPLES" default:"20" min:"1" max:"100000" desc:"no trip below this many outcomes in the window; at most DNS_BREAKER_WINDOW (unset: 20, or the window if smaller)"`
-	BreakerWindow     int           `envconfig:"BREAKER_WINDOW" default:"100" min:"1" max:"100000" desc:"the breaker judges the last N outcomes"`
-	BreakerCoolOff    time.Duration `envconfig:"BREAKER_COOLOFF" default:"5s" min:"10ms" max:"1h" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT while the breaker is on"`
-	MetricsAddr       string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address, never DNS_LISTEN's TCP port; port 0 takes a free port; off disables it"`
-	MaxInflight       int           `envconfig:"MAX_INFLIGHT" default:"1000" min:"0" max:"100000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
-	TCPMaxConns       int           `envconfig:"TCP_MAX_CONNS" default:"1000" min:"1" max:"100000" desc:"client TCP connections open at once; beyond it a new one is closed"`
-	TCPIdleTimeout    time.Duration `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" min:"1s" max:"1h" desc:"a client TCP connection that delivers no whole query for this long is closed"`
-	MaxUDPSize        int           `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
-	Upstream0x20      bool          `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
-	Allow             AccessRule    `envconfig:"ALLOW" default:"local" desc:"clients that may query, comma-separated CIDRs or addresses; local = loopback, RFC 1918, RFC 6598, IPv6 ULA and link-local; any = every address (an open resolver); others get REFUSED"`
-	ClientRateLimit   RateLimit     `envconfig:"CLIENT_RATE_LIMIT" default:"off" desc:"per-client gate over UDP, before DNS_RATE_LIMIT: rate or rate,burst per client prefix, as DNS_RATE_LIMIT; off"`
-	ClientPrefix      ClientPrefix  `envconfig:"CLIENT_PREFIX" default:"32,64" desc:"v4len,v6len: the leading bits of an address that name one client of the per-client gate, 0..32 and 0..128"`
-	ClientTableSize   int           `envconfig:"CLIENT_TABLE_SIZE" default:"100000" min:"8" max:"10000000" desc:"client prefixes the per-client gate holds (used in groups of 8); beyond it new prefixes share one bucket"`
-	ClientExempt      PrefixList    `envconfig:"CLIENT_EXEMPT" desc:"clients that skip the per-client gate (not DNS_RATE_LIMIT), comma-separated CIDRs or addresses; unset: none"`
-	LimitAction       LimitAction   `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
+	Listen            string         `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address; port 0 takes a free port"`
+	Upstream          string         `envconfig:"UPSTREAM" desc:"upstream resolver host:port, port 1..65535; unset: the first nameserver of /etc/resolv.conf, port 53"`
+	UpstreamTimeout   time.Duration  `envconfig:"UPSTREAM_TIMEOUT" default:"2s" min:"10ms" max:"30s" desc:"deadline of one upstream exchange, TCP retry included"`
+	RateLimit         RateLimit      `envconfig:"RATE_LIMIT" default:"off" desc:"entry gate: rate or rate,burst in queries per second, rate 0.001..100000000, burst 1..100000000 (without one: the rate rounded up); off"`
+	BreakerThreshold  int            `envconfig:"BREAKER_THRESHOLD" default:"0" min:"0" max:"100" desc:"forward gate: failure percentage that trips the breaker; 0 = off"`
+	BreakerMinSamples int            `envconfig:"BREAKER_MIN_SAMPLES" default:"20" min:"1" max:"100000" desc:"no trip below this many outcomes in the window; at most DNS_BREAKER_WINDOW (unset: 20, or the window if smaller)"`
+	BreakerWindow     int            `envconfig:"BREAKER_WINDOW" default:"100" min:"1" max:"100000" desc:"the breaker judges the last N outcomes"`
+	BreakerCoolOff    time.Duration  `envconfig:"BREAKER_COOLOFF" default:"5s" min:"10ms" max:"1h" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT while the breaker is on"`
+	MetricsAddr       string         `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address, never DNS_LISTEN's TCP port; port 0 takes a free port; off disables it"`
+	MaxInflight       int            `envconfig:"MAX_INFLIGHT" default:"1000" min:"0" max:"100000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
+	TCPMaxConns       int            `envconfig:"TCP_MAX_CONNS" default:"1000" min:"1" max:"100000" desc:"client TCP connections open at once; beyond it a new one is closed"`
+	TCPIdleTimeout    time.Duration  `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" min:"1s" max:"1h" desc:"a client TCP connection that delivers no whole query for this long is closed"`
+	MaxUDPSize        int            `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
+	Upstream0x20      bool           `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
+	Allow             AccessRule     `envconfig:"ALLOW" default:"local" desc:"clients that may query, comma-separated CIDRs or addresses; local = loopback, RFC 1918, RFC 6598, IPv6 ULA and link-local; any = every address (an open resolver); others get REFUSED"`
+	ClientRateLimit   RateLimit      `envconfig:"CLIENT_RATE_LIMIT" default:"off" desc:"per-client gate over UDP, before DNS_RATE_LIMIT: rate or rate,burst per client prefix, as DNS_RATE_LIMIT; off"`
+	ClientPrefix      ClientPrefix   `envconfig:"CLIENT_PREFIX" default:"32,64" desc:"v4len,v6len: the leading bits of an address that name one client of the per-client gate, 0..32 and 0..128"`
+	ClientTableSize   int            `envconfig:"CLIENT_TABLE_SIZE" default:"100000" min:"8" max:"10000000" desc:"client prefixes the per-client gate holds (used in groups of 8); beyond it new prefixes share one bucket"`
+	ClientExempt      PrefixList     `envconfig:"CLIENT_EXEMPT" desc:"clients that skip the per-client gate (not DNS_RATE_LIMIT), comma-separated CIDRs or addresses; unset: none"`
+	QueryLog          QueryLogTarget `envconfig:"QUERY_LOG" default:"off" desc:"one JSON line per query (time, client, name, type, outcome, rcode, upstream, duration): off, stderr, or an absolute file path, appended to and reopened on SIGHUP"`
+	QueryLogSample    Sample         `envconfig:"QUERY_LOG_SAMPLE" default:"1" desc:"share of queries the query log keeps, above 0 and at most 1 (0.01: one in a hundred)"`
+	LimitAction       LimitAction    `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
 }
 
 // Variables whose rules involve another, named in their errors.

@@ -5,7 +5,8 @@
 // sending to an upstream that keeps failing (DNS_BREAKER_THRESHOLD). The
 // buckets and the breaker are off by default. Run dnsproxi -h for the
 // variables. SIGINT or SIGTERM stops it once the queries in flight are
-// answered; SIGHUP is logged and changes nothing.
+// answered; SIGHUP reopens the query log's file (DNS_QUERY_LOG), for log
+// rotation. dnsproxi -version prints the build's version and commit.
 package main
 
 import (
@@ -77,7 +78,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
-		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String())
+		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String(),
+		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample))
 	if cfg.Allow.Any {
 		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
 	}
@@ -161,6 +163,14 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+	qlog, err := openQueryLog(cfg.QueryLog, cfg.QueryLogSample, os.Stderr, log)
+	if err != nil {
+		up.Close()
+		return nil, err
+	}
+	if qlog != nil {
+		m.WatchQueryLog(qlog.stats)
+	}
 	access, denied, clients := initAccess(cfg, clock)
 	m.WatchClients(clientStats(clients))
 	m.WatchUpstream(func() metrics.UpstreamStats {
@@ -169,7 +179,8 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
 	})
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: limiter, action: cfg.LimitAction,
-		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m}
+		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m,
+		qlog: qlog, upstreamFor: cfg.Upstream}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
@@ -222,7 +233,7 @@ func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.upstream.Close()
+			a.closeOutputs()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
@@ -234,7 +245,7 @@ func (a *app) start() error {
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.upstream.Close()
+		a.closeOutputs()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
@@ -244,10 +255,15 @@ func (a *app) start() error {
 	return nil
 }
 
-// reopen is what SIGHUP asks for: files reopened after a log rotation.
-// None is open yet, so the proxy says so and goes on serving.
+// reopen is what SIGHUP asks for: the query log's file reopened after a log
+// rotation. Nothing else is reloaded.
 func (a *app) reopen() {
-	a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
+	if a.proxy.qlog == nil || a.proxy.qlog.path == "" {
+		a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
+		return
+	}
+	a.log.Info("SIGHUP: reopening the query log", "path", a.proxy.qlog.path)
+	a.proxy.qlog.reopen()
 }
 
 // metricsURL is where /metrics is served, or "off".
@@ -267,8 +283,16 @@ func (a *app) shutdown(ctx context.Context) error {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.upstream.Close()
+	a.closeOutputs()
 	return err
+}
+
+// closeOutputs closes the upstream sockets and writes out the query log.
+func (a *app) closeOutputs() {
+	a.upstream.Close()
+	if a.proxy.qlog != nil {
+		a.proxy.qlog.close()
+	}
 }
 
 // ownPorts are the ports the proxy listens on, which its upstream sockets

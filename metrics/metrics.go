@@ -240,3 +240,18 @@ func (m *Metrics) WatchClients(read func() ClientStats) {
 		}, func() float64 { return float64(read().Overflows) }),
 	)
 }
+
+// WatchQueryLog exports the query log's counts, read at scrape time: lines
+// written, and lines dropped (no room in its buffer, or a failed write).
+func (m *Metrics) WatchQueryLog(read func() (written, dropped uint64)) {
+	m.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "query_log_lines_total",
+			Help: "Query log lines written.",
+		}, func() float64 { w, _ := read(); return float64(w) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "query_log_dropped_total",
+			Help: "Query log lines dropped: no room in its buffer (the writer fell behind), or a write that failed.",
+		}, func() float64 { _, d := read(); return float64(d) }),
+	)
+}
