@@ -141,6 +141,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
 	v := readBuildVersion()
 	m.BuildInfo(v.Version, v.Revision, v.GoVersion)
+	m.InFlightLimit(cfg.MaxInflight)
 	limiter, breaker := initGuard(cfg, clock)
 	if breaker != nil {
 		m.EnableBreaker()

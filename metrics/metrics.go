@@ -159,6 +159,17 @@ func (m *Metrics) BuildInfo(version, revision, goVersion string) {
 	m.Registry.MustRegister(info)
 }
 
+// InFlightLimit serves the cap on queries in flight (DNS_MAX_INFLIGHT; 0:
+// none) beside the gauge it caps, for alerts on how near it is.
+func (m *Metrics) InFlightLimit(limit int) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "queries_in_flight_limit",
+		Help: "The cap on queries in flight (DNS_MAX_INFLIGHT); beyond it queries are REFUSED (overloaded). 0: no cap.",
+	})
+	g.Set(float64(limit))
+	m.Registry.MustRegister(g)
+}
+
 // QType returns the row of counts for query type t: its own, or OTHER's.
 func (m *Metrics) QType(t uint16) QTypeRow {
 	if i, ok := m.byType[t]; ok {

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,5 +52,20 @@ func TestBreakerSeriesOnlyWithBreaker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The in-flight cap is served beside the gauge it caps, so an alert can say
+// "near the cap" without copying DNS_MAX_INFLIGHT into its rule; 0 is no cap.
+func TestInFlightLimitSeries(t *testing.T) {
+	up := startUpstream(t)
+	for _, limit := range []int{1000, 0} {
+		cfg := testConfig(up.Addr())
+		cfg.MetricsAddr = "127.0.0.1:0"
+		cfg.MaxInflight = limit
+		want := "\ndnsproxi_queries_in_flight_limit " + strconv.Itoa(limit) + "\n"
+		if page := scrape(t, startProxy(t, cfg, guard.RealClock{})); !strings.Contains(page, want) {
+			t.Errorf("DNS_MAX_INFLIGHT=%d: /metrics lacks %q", limit, want[1:len(want)-1])
+		}
 	}
 }
