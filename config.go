@@ -254,7 +254,8 @@ const usageRules = `Every variable:
 func usage() string {
 	var b strings.Builder
 	b.WriteString("dnsproxi: a DNS forwarding proxy with a rate limit and a circuit breaker.\n\n")
-	b.WriteString("Usage: dnsproxi   (configured only through the environment)\n\n")
+	b.WriteString("Usage: dnsproxi            (configured only through the environment)\n")
+	b.WriteString("       dnsproxi -version   (the build's version, commit and Go version)\n\n")
 	b.WriteString(usageRules)
 	b.WriteString("\nVariables:\n")
 	tw := tabwriter.NewWriter(&b, 1, 0, 3, ' ', 0)
