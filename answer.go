@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -22,21 +23,22 @@ const defaultMaxUDPSize = 1232
 // for. The question is copied, because a UDP packet is only lent to the
 // handler.
 type waiter struct {
-	w     dnsserver.ResponseWriter
-	start time.Time
-	qtype metrics.QTypeRow
-	id    uint16
-	flags uint16 // the query's header flags: RD, AD and CD matter
-	edns  bool   // it sent an OPT record, so its answer carries one
-	do    bool
-	size  int // the largest answer it takes: its UDP size capped, or 65535 over TCP
-	qlen  int
-	q     [wire.MaxQuestionLen]byte
+	w      dnsserver.ResponseWriter
+	client netip.AddrPort // for the query log
+	start  time.Time
+	qtype  metrics.QTypeRow
+	id     uint16
+	flags  uint16 // the query's header flags: RD, AD and CD matter
+	edns   bool   // it sent an OPT record, so its answer carries one
+	do     bool
+	size   int // the largest answer it takes: its UDP size capped, or 65535 over TCP
+	qlen   int
+	q      [wire.MaxQuestionLen]byte
 }
 
 // set fills wt from q, the query it waits for.
 func (wt *waiter) set(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype metrics.QTypeRow, start time.Time, maxUDP int) {
-	wt.w, wt.start, wt.qtype = w, start, qtype
+	wt.w, wt.client, wt.start, wt.qtype = w, q.Client, start, qtype
 	wt.id, wt.flags = wire.ID(q.Wire), wire.Flags(q.Wire)
 	wt.edns, wt.do = q.EDNS.Present, q.EDNS.DO
 	wt.size = dns.MaxMsgSize
@@ -136,6 +138,16 @@ func (ua *upstreamAnswer) appendFor(dst []byte, wt *waiter, maxUDP int) []byte {
 		}
 	}
 	return dst
+}
+
+// rcodeFor is the rcode of answer, built by appendFor for wt: the upstream's
+// extended RCODE as wt's OPT carries it, or the header's alone.
+func (ua *upstreamAnswer) rcodeFor(answer []byte, wt *waiter) int {
+	rcode := int(wire.Flags(answer) & 0xF)
+	if wt.edns {
+		rcode |= ua.ext << 4
+	}
+	return rcode
 }
 
 // appendHeader appends a header with one question.

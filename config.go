@@ -43,6 +43,8 @@ type Config struct {
 	ClientPrefix      ClientPrefix   `envconfig:"CLIENT_PREFIX" default:"32,64" desc:"v4len,v6len: the leading bits of an address that name one client of the per-client gate, 0..32 and 0..128"`
 	ClientTableSize   int            `envconfig:"CLIENT_TABLE_SIZE" default:"100000" min:"8" max:"10000000" desc:"client prefixes the per-client gate holds (used in groups of 8); beyond it new prefixes share one bucket"`
 	ClientExempt      PrefixList     `envconfig:"CLIENT_EXEMPT" desc:"clients that skip the per-client gate (not DNS_RATE_LIMIT), comma-separated CIDRs or addresses; unset: none"`
+	QueryLog          QueryLogTarget `envconfig:"QUERY_LOG" default:"off" desc:"one JSON line per query (time, client, name, type, outcome, rcode, upstream, duration): off, stderr, or an absolute file path, appended to and reopened on SIGHUP"`
+	QueryLogSample    Sample         `envconfig:"QUERY_LOG_SAMPLE" default:"1" desc:"share of queries the query log keeps, above 0 and at most 1 (0.01: one in a hundred)"`
 	LimitAction       LimitAction    `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
 }
 
@@ -254,7 +256,8 @@ const usageRules = `Every variable:
 func usage() string {
 	var b strings.Builder
 	b.WriteString("dnsproxi: a DNS forwarding proxy with a rate limit and a circuit breaker.\n\n")
-	b.WriteString("Usage: dnsproxi   (configured only through the environment)\n\n")
+	b.WriteString("Usage: dnsproxi            (configured only through the environment)\n")
+	b.WriteString("       dnsproxi -version   (the build's version, commit and Go version)\n\n")
 	b.WriteString(usageRules)
 	b.WriteString("\nVariables:\n")
 	tw := tabwriter.NewWriter(&b, 1, 0, 3, ' ', 0)

@@ -19,7 +19,8 @@ import (
 var allVars = []string{"DNS_LISTEN", "DNS_UPSTREAM", "DNS_UPSTREAM_TIMEOUT", "DNS_RATE_LIMIT",
 	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR",
 	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT", "DNS_MAX_UDP_SIZE", "DNS_UPSTREAM_0X20",
-	"DNS_ALLOW", "DNS_CLIENT_RATE_LIMIT", "DNS_CLIENT_PREFIX", "DNS_CLIENT_TABLE_SIZE", "DNS_CLIENT_EXEMPT", "DNS_LIMIT_ACTION"}
+	"DNS_ALLOW", "DNS_CLIENT_RATE_LIMIT", "DNS_CLIENT_PREFIX", "DNS_CLIENT_TABLE_SIZE", "DNS_CLIENT_EXEMPT", "DNS_LIMIT_ACTION",
+	"DNS_QUERY_LOG", "DNS_QUERY_LOG_SAMPLE"}
 
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -42,6 +43,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		Listen: "127.0.0.1:5398", Upstream: "127.0.0.1:5300", UpstreamTimeout: 2 * time.Second, RetryBudget: 10,
 		BreakerMinSamples: 20, BreakerWindow: 100, BreakerCoolOff: 5 * time.Second, MetricsAddr: "127.0.0.1:9398",
 		MaxInflight: 1000, TCPMaxConns: 1000, TCPIdleTimeout: 10 * time.Second, MaxUDPSize: 1232, Upstream0x20: true,
+		QueryLogSample: 1,
 	}
 	want.Allow.Prefixes = guard.DefaultAccessPrefixes()
 	want.ClientPrefix, want.ClientTableSize = ClientPrefix{32, 64}, 100000

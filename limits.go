@@ -75,18 +75,22 @@ func (a LimitAction) String() string {
 // at most 1/N of its refused queries answered) with an empty TC answer: the
 // query's question and OPT and a short Extended DNS Error, a few bytes more
 // than the query, which a real client retries over TCP and which gives a
-// spoofed flood nothing to amplify.
-func (p *proxy) limited(w dnsserver.ResponseWriter, q *dnsserver.Query, e *ede) {
+// spoofed flood nothing to amplify. It returns the rcode answered, or
+// noAnswer.
+func (p *proxy) limited(w dnsserver.ResponseWriter, q *dnsserver.Query, e *ede) (rcode int) {
 	switch {
 	case q.Net == "tcp" || p.action.Kind == ActionRefuse:
 		p.own(w, q, dns.RcodeRefused, e)
+		return dns.RcodeRefused
 	case p.action.Kind == ActionSlip && p.slips.Add(1)%uint64(max(p.action.N, 1)) == 0:
 		bp := getBuf()
 		b := p.appendOwn((*bp)[:0], wire.ID(q.Wire), wire.Flags(q.Wire), q.Wire[wire.HeaderLen:q.QEnd], q.EDNS.Present, q.EDNS.DO, dns.RcodeSuccess, e)
 		wire.SetFlags(b, wire.Flags(b)|wire.FlagTC)
 		w.Write(b)
 		putBuf(bp, b)
+		return dns.RcodeSuccess
 	default:
 		w.Drop()
+		return noAnswer
 	}
 }

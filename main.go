@@ -6,8 +6,10 @@
 // It forwards to one upstream or to several (DNS_UPSTREAM is a list),
 // retrying and hedging at the next one within a budget (DNS_RETRY_BUDGET)
 // and one deadline. The buckets and the breakers are off by default. Run
-// dnsproxi -h for the variables. SIGINT or SIGTERM stops it once the queries in flight are
-// answered; SIGHUP is logged and changes nothing.
+// dnsproxi -h for the variables. SIGINT or SIGTERM stops it once the queries
+// in flight are answered; SIGHUP reopens the query log's file
+// (DNS_QUERY_LOG), for log rotation. dnsproxi -version prints the build's
+// version and commit.
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +53,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		case "-h", "-help", "--help":
 			fmt.Fprint(stdout, usage())
 			return 0
+		case "-version", "--version":
+			fmt.Fprintln(stdout, readBuildVersion())
+			return 0
 		default:
 			fmt.Fprintf(stderr, "dnsproxi: unexpected argument %q: it is configured through DNS_* variables (dnsproxi -h)\n", a)
 			return 2
@@ -75,7 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
-		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String())
+		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String(),
+		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample))
 	if cfg.Allow.Any {
 		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
 	}
@@ -128,20 +135,36 @@ type app struct {
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
+	listening   atomic.Bool // the DNS server is bound: /readyz
+	draining    atomic.Bool // shutdown has begun: /readyz says 503
 }
 
 // newApp builds the proxy from cfg, reading time from clock.
 func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	m := metrics.New()
+	v := readBuildVersion()
+	m.BuildInfo(v.Version, v.Revision, v.GoVersion)
+	m.InFlightLimit(cfg.MaxInflight)
+	if cfg.BreakerThreshold > 0 {
+		m.EnableBreaker() // with the breakers off, no series may read "closed"
+	}
 	ups, err := newUpstreams(cfg, clock, m, log)
 	if err != nil {
 		return nil, err
+	}
+	qlog, err := openQueryLog(cfg.QueryLog, cfg.QueryLogSample, os.Stderr, log)
+	if err != nil {
+		ups.Close()
+		return nil, err
+	}
+	if qlog != nil {
+		m.WatchQueryLog(qlog.stats)
 	}
 	access, denied, clients := initAccess(cfg, clock)
 	m.WatchClients(clientStats(clients))
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: initLimiter(cfg, clock),
 		action: cfg.LimitAction, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
-		upstreams: ups, metrics: m}
+		upstreams: ups, metrics: m, qlog: qlog, upstreamFor: cfg.Upstream}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
@@ -179,34 +202,43 @@ func initLimiter(cfg Config, clock guard.Clock) *guard.TokenBucket {
 	return guard.NewTokenBucket(cfg.RateLimit.Rate, cfg.RateLimit.Burst, clock)
 }
 
-// start binds the metrics listener and the DNS server.
+// start binds the metrics listener (/metrics, /healthz, /readyz) and the
+// DNS server.
 func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.upstreams.Close()
+			a.closeOutputs()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
+		mux.HandleFunc("/healthz", a.handleHealthz)
+		mux.HandleFunc("/readyz", a.handleReadyz)
 		a.metricsLn = ln
 		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.upstreams.Close()
+		a.closeOutputs()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
 		return fmt.Errorf("DNS_LISTEN=%q: %v", a.cfg.Listen, err)
 	}
+	a.listening.Store(true)
 	return nil
 }
 
-// reopen is what SIGHUP asks for: files reopened after a log rotation.
-// None is open yet, so the proxy says so and goes on serving.
+// reopen is what SIGHUP asks for: the query log's file reopened after a log
+// rotation. Nothing else is reloaded.
 func (a *app) reopen() {
-	a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
+	if a.proxy.qlog == nil || a.proxy.qlog.path == "" {
+		a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
+		return
+	}
+	a.log.Info("SIGHUP: reopening the query log", "path", a.proxy.qlog.path)
+	a.proxy.qlog.reopen()
 }
 
 // metricsURL is where /metrics is served, or "off".
@@ -219,14 +251,23 @@ func (a *app) metricsURL() string {
 
 // shutdown stops taking queries, lets those in flight finish, then closes everything.
 func (a *app) shutdown(ctx context.Context) error {
+	a.draining.Store(true)
 	err := a.server.Shutdown(ctx)
 	if a.metricsHTTP != nil {
 		if herr := a.metricsHTTP.Shutdown(ctx); herr != nil && !errors.Is(herr, http.ErrServerClosed) {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.upstreams.Close()
+	a.closeOutputs()
 	return err
+}
+
+// closeOutputs closes the upstream sockets and writes out the query log.
+func (a *app) closeOutputs() {
+	a.upstreams.Close()
+	if a.proxy.qlog != nil {
+		a.proxy.qlog.close()
+	}
 }
 
 // ownPorts are the ports the proxy listens on, which its upstream sockets

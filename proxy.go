@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,8 @@ type proxy struct {
 	metrics     *metrics.Metrics
 	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
 	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
+	qlog        *queryLog      // one line per query; nil: off
+	upstreamFor string         // the upstream named in the query log
 }
 
 // handleQuery runs one query through the entry gate and the forward gate to
@@ -46,12 +49,14 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// have a small bucket of their own and beyond it are dropped: a spoofed
 	// flood can make the proxy reflect a few small answers a second, no more.
 	if p.access != nil && !p.access.Contains(q.Client.Addr()) {
+		rcode := noAnswer
 		if q.Net == "tcp" || p.denied == nil || p.denied.Allow(1) {
 			p.own(w, q, dns.RcodeRefused, edeDenied)
+			rcode = dns.RcodeRefused
 		} else {
 			w.Drop()
 		}
-		p.count(qtype, metrics.Denied, start)
+		p.count(qtype, metrics.Denied, start, q, rcode)
 		return
 	}
 
@@ -62,13 +67,11 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// whose source the handshake proved, REFUSED. Every query pays,
 	// well-formed or not.
 	if p.clients != nil && q.Net != "tcp" && !p.clients.Allow(q.Client.Addr()) {
-		p.limited(w, q, edeClientLimit)
-		p.count(qtype, metrics.ClientLimited, start)
+		p.count(qtype, metrics.ClientLimited, start, q, p.limited(w, q, edeClientLimit))
 		return
 	}
 	if p.limiter != nil && !p.limiter.Allow(1) {
-		p.limited(w, q, edeRateLimit)
-		p.count(qtype, metrics.RateLimited, start)
+		p.count(qtype, metrics.RateLimited, start, q, p.limited(w, q, edeRateLimit))
 		return
 	}
 	switch {
@@ -153,13 +156,13 @@ func (f *flight) land(_, reply []byte, err error) {
 		if ok {
 			b = ua.appendFor(b[:0], wt, p.udpSize())
 			wt.w.Write(b)
-			p.count(wt.qtype, metrics.Forwarded, wt.start)
+			p.record(wt.qtype, metrics.Forwarded, wt.start, wt.client, wt.question(), ua.rcodeFor(b, wt), p.upstreamFor)
 			continue
 		}
 		// A failure, or a reply whose records cannot be walked: SERVFAIL.
 		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure, failed)
 		wt.w.Write(b)
-		p.count(wt.qtype, metrics.UpstreamError, wt.start)
+		p.record(wt.qtype, metrics.UpstreamError, wt.start, wt.client, wt.question(), dns.RcodeServerFailure, p.upstreamFor)
 	}
 	putBuf(bp, b)
 	f.recycle()
@@ -212,7 +215,7 @@ func (p *proxy) leave() {
 // outcome o.
 func (p *proxy) refuse(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e *ede, qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
 	p.own(w, q, rcode, e)
-	p.count(qtype, o, start)
+	p.count(qtype, o, start, q, rcode)
 }
 
 // own answers q with the proxy's own answer, rcode: its question if it was
@@ -224,7 +227,19 @@ func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e
 	putBuf(bp, b)
 }
 
-func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time) {
+// count counts q, answered by the proxy itself with rcode (noAnswer:
+// dropped), under outcome o.
+func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time, q *dnsserver.Query, rcode int) {
+	p.record(qtype, o, start, q.Client, q.Wire[wire.HeaderLen:q.QEnd], rcode, "")
+}
+
+// record counts one query under outcome o and, with the query log on, logs
+// it: its client, question, rcode and the upstream that answered ("" if none).
+func (p *proxy) record(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time, client netip.AddrPort, question []byte, rcode int, upstream string) {
+	d := time.Since(start)
 	p.metrics.Count(qtype, o)
-	p.metrics.RequestDuration.Observe(time.Since(start).Seconds())
+	p.metrics.RequestDuration.Observe(d.Seconds())
+	if p.qlog != nil {
+		p.qlog.add(start, d, client, question, o, rcode, upstream)
+	}
 }

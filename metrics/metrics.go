@@ -85,6 +85,7 @@ type Metrics struct {
 
 // New declares the collectors on a fresh registry, with the Go and process
 // collectors beside them, and sets every known label combination to zero.
+// The breaker's series are declared but not served until EnableBreaker.
 func New() *Metrics {
 	buckets := []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
 	m := &Metrics{
@@ -155,10 +156,38 @@ func New() *Metrics {
 		m.Dropped.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(m.Queries, m.RequestDuration, m.UpstreamDuration, m.InFlight,
-		m.BreakerState, m.BreakerChanges, m.Dropped, m.Coalesced,
-		m.UpstreamRequests, m.Retries, m.RetryBudgetExhausted,
+		m.Dropped, m.Coalesced, m.UpstreamRequests, m.Retries, m.RetryBudgetExhausted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// EnableBreaker serves the breaker's series. A proxy without a breaker
+// leaves them out, so that a breaker that is off never reads as closed.
+func (m *Metrics) EnableBreaker() {
+	m.Registry.MustRegister(m.BreakerState, m.BreakerChanges)
+}
+
+// BuildInfo serves dnsproxi_build_info, 1, labelled with what dnsproxi
+// -version prints: the module version, the VCS revision and the Go version.
+func (m *Metrics) BuildInfo(version, revision, goVersion string) {
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "build_info",
+		Help:        "Always 1; its labels say which build is running: module version, VCS revision, Go version.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": goVersion},
+	})
+	info.Set(1)
+	m.Registry.MustRegister(info)
+}
+
+// InFlightLimit serves the cap on queries in flight (DNS_MAX_INFLIGHT; 0:
+// none) beside the gauge it caps, for alerts on how near it is.
+func (m *Metrics) InFlightLimit(limit int) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "queries_in_flight_limit",
+		Help: "The cap on queries in flight (DNS_MAX_INFLIGHT); beyond it queries are REFUSED (overloaded). 0: no cap.",
+	})
+	g.Set(float64(limit))
+	m.Registry.MustRegister(g)
 }
 
 // QType returns the row of counts for query type t: its own, or OTHER's.
@@ -209,5 +238,20 @@ func (m *Metrics) WatchClients(read func() ClientStats) {
 			Namespace: namespace, Name: "client_overflow_total",
 			Help: "Queries whose client prefix found the table full of busy buckets and shared the overflow bucket.",
 		}, func() float64 { return float64(read().Overflows) }),
+	)
+}
+
+// WatchQueryLog exports the query log's counts, read at scrape time: lines
+// written, and lines dropped (no room in its buffer, or a failed write).
+func (m *Metrics) WatchQueryLog(read func() (written, dropped uint64)) {
+	m.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "query_log_lines_total",
+			Help: "Query log lines written.",
+		}, func() float64 { w, _ := read(); return float64(w) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "query_log_dropped_total",
+			Help: "Query log lines dropped: no room in its buffer (the writer fell behind), or a write that failed.",
+		}, func() float64 { _, d := read(); return float64(d) }),
 	)
 }
