@@ -73,7 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
-		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String())
+		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String(),
+		"cache", cacheSummary(cfg))
 	if cfg.Allow.Any {
 		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
 	}
@@ -159,8 +160,14 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
 			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
 	})
+	answers, err := newAnswerCache(cfg, clock, m)
+	if err != nil {
+		up.Close()
+		return nil, err
+	}
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: limiter, action: cfg.LimitAction,
-		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m}
+		breaker: breaker, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize, upstream: up, metrics: m,
+		cache: answers}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstream: up}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
@@ -217,6 +224,9 @@ func (a *app) start() error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.metrics.Handler())
+		if a.proxy.cache != nil {
+			mux.Handle(flushPath, a.flushHandler()) // admin.go
+		}
 		a.metricsLn = ln
 		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go a.metricsHTTP.Serve(ln)

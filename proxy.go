@@ -36,6 +36,7 @@ type proxy struct {
 	metrics     *metrics.Metrics
 	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
 	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
+	cache       *answerCache   // the answer cache (cached.go, stale.go); nil: off
 }
 
 // handleQuery runs one query through the entry gate and the forward gate to
@@ -96,9 +97,14 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		return
 	}
 
-	// 2. Coalescing: the same query already at the upstream, and room to
-	// wait for it: wait, paying neither the cap nor the breaker (coalesce.go).
+	// 2. Cache, then coalescing: a fresh answer is written at once, touching
+	// neither the cap nor the breaker (cached.go). Else the same query
+	// already at the upstream, and room to wait for it: wait, paying neither
+	// the cap nor the breaker (coalesce.go).
 	f, coalesce := p.newFlight(w, q, qtype, start)
+	if p.fromCache(f, coalesce) {
+		return
+	}
 	if coalesce && p.join(f) {
 		return
 	}
@@ -107,6 +113,9 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// never queue. It comes before the forward gate so that a refusal cannot
 	// take the half-open probe's place.
 	if !p.enter() {
+		if p.refusedFromCache(f) { // stale if cached (stale.go)
+			return
+		}
 		f.recycle()
 		p.refuse(w, q, dns.RcodeRefused, edeOverloaded, qtype, metrics.Overloaded, start)
 		return
@@ -117,6 +126,9 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		var err error
 		if f.permit, err = p.breaker.Acquire(); err != nil {
 			p.leave()
+			if p.refusedFromCache(f) { // stale if cached (stale.go)
+				return
+			}
 			f.recycle()
 			p.refuse(w, q, dns.RcodeServerFailure, edeBreakerOpen, qtype, metrics.BreakerOpen, start)
 			return
@@ -131,6 +143,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	}
 	f.query = p.appendUpstreamQuery(f.query[:0], q)
 	f.sent = time.Now()
+	p.armStaleWait(f) // an expired entry's refresh: stale after DNS_CACHE_STALE_WAIT (stale.go)
 	p.upstream.Forward(f.query, q.Net, f.done)
 }
 
@@ -154,6 +167,12 @@ func (f *flight) land(_, reply []byte, err error) {
 	if ok {
 		p.noteRA(ua.flags)
 	}
+	// The cache (stale.go): store the answer or note the failed refresh;
+	// leave the waiters if the stale-wait timer has answered them.
+	stale := p.settleCache(f, reply, usableAnswer(&ua, ok))
+	if !f.claimWaiters() {
+		return
+	}
 	var failed *ede
 	if !ok {
 		failed = upstreamEDE(err)
@@ -162,6 +181,13 @@ func (f *flight) land(_, reply []byte, err error) {
 	b := *bp
 	for i := range f.waiters {
 		wt := &f.waiters[i]
+		switch {
+		case wt.w == nil: // a prefetch: its client had its answer from the cache
+			continue
+		case stale:
+			p.writeCached(wt, f.cached.fallback, metrics.Stale)
+			continue
+		}
 		if ok {
 			b = ua.appendFor(b[:0], wt, p.udpSize())
 			wt.w.Write(b)
