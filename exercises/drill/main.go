@@ -42,6 +42,7 @@ var harnesses = []struct {
 }{
 	{"blackhole-flood", "3000 QPS at a blackholed upstream: memory, goroutines, latency, in three configurations", drillBlackholeFlood},
 	{"sources", "one query from each of 200,000 loopback sources: the per-client table's memory bound", drillSources},
+	{"cache-flood", "unique names at 15,000 QPS for 30 s: the cache's byte bound beside RSS", drillCacheFlood},
 }
 
 func main() {
