@@ -98,15 +98,16 @@ func (p *proxy) fromCache(f *flight, keyed bool) bool {
 // or 19 when stale — cut to wt's size like any answer, and counts outcome o.
 func (p *proxy) writeCached(wt *waiter, h cache.Hit, o metrics.Outcome) {
 	rp, bp := getBuf(), getBuf()
-	ua := upstreamAnswer{flags: h.Flags(), records: h.AppendRecords((*rp)[:0])}
-	ua.an, ua.ns, ua.ar = h.Counts()
-	var opt [6]byte
+	scratch := h.AppendRecords((*rp)[:0])
+	n := len(scratch)
 	if h.Stale() {
-		ua.optData = h.AppendStaleEDE(opt[:0])
+		scratch = h.AppendStaleEDE(scratch) // beside the records: a buffer of its own would escape
 	}
+	ua := upstreamAnswer{flags: h.Flags(), records: scratch[:n], optData: scratch[n:]}
+	ua.an, ua.ns, ua.ar = h.Counts()
 	b := ua.appendFor((*bp)[:0], wt, p.udpSize())
 	wt.w.Write(b)
 	putBuf(bp, b)
-	putBuf(rp, ua.records)
+	putBuf(rp, scratch)
 	p.count(wt.qtype, o, wt.start)
 }
