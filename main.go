@@ -4,8 +4,11 @@
 // that refuse traffic beyond a rate, and a circuit breaker that stops
 // sending to an upstream that keeps failing (DNS_BREAKER_THRESHOLD). The
 // buckets and the breaker are off by default. Run dnsproxi -h for the
-// variables. SIGINT or SIGTERM stops it once the queries in flight are
-// answered; SIGHUP is logged and changes nothing.
+// variables. With DNS_CACHE_SIZE set it answers from a cache, serves stale
+// answers while no upstream can answer (DNS_CACHE_STALE, RFC 8767), and POST
+// /cache/flush on the metrics listener, from loopback, empties the cache.
+// SIGINT or SIGTERM stops it once the queries in flight are answered; SIGHUP
+// is logged and changes nothing.
 package main
 
 import (
