@@ -369,3 +369,24 @@ func TestCacheOffForwardsEverything(t *testing.T) {
 		t.Errorf("cache_entries %v with the cache off", n)
 	}
 }
+
+// A query with an EDNS Client Subnet option shares the cache with the same
+// query without one, as it shares a flight: the option is never forwarded,
+// so the answer cannot depend on the subnet. Its answer carries no ECS.
+func TestCacheECSQueriesShareTheEntry(t *testing.T) {
+	a, up, _ := startCaching(t, nil)
+	askEDNS(t, a, "www.example.com")
+	ecs := &dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: []byte{198, 51, 100, 0}}
+	r := ask(t, "udp", a.addr(), ednsQuery("www.example.com", dns.TypeA, 1232, false, ecs))
+	if up.Total() != 1 || len(r.Answer) != 1 {
+		t.Fatalf("the upstream received %d queries, answer %s: want the ECS query answered from the cache", up.Total(), answerText(r))
+	}
+	for _, o := range r.IsEdns0().Option {
+		if o.Option() == dns.EDNS0SUBNET {
+			t.Errorf("the answer carries an ECS option: %v", o)
+		}
+	}
+	if got := count(a, "A", "cached", 1); got != 1 {
+		t.Errorf("cached %d, want 1", got)
+	}
+}
