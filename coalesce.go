@@ -43,7 +43,8 @@ type flight struct {
 	next    *flight
 	waiters []waiter // [0] is the leader; the rest join under the shard's lock
 	done    upstream.Result
-	query   []byte // what is sent upstream
+	query   []byte      // what is sent upstream
+	cached  flightCache // its part in the answer cache (stale.go)
 }
 
 var flightPool = sync.Pool{New: func() any { return new(flight) }}
@@ -158,5 +159,6 @@ func (f *flight) recycle() {
 		f.waiters[i].w = nil
 	}
 	f.p, f.next = nil, nil
+	f.cached = flightCache{} // holds no cache entry alive in the pool
 	flightPool.Put(f)
 }

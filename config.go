@@ -46,6 +46,15 @@ type Config struct {
 	QueryLog          QueryLogTarget `envconfig:"QUERY_LOG" default:"off" desc:"one JSON line per query (time, client, name, type, outcome, rcode, upstream, duration): off, stderr, or an absolute file path, appended to and reopened on SIGHUP"`
 	QueryLogSample    Sample         `envconfig:"QUERY_LOG_SAMPLE" default:"1" desc:"share of queries the query log keeps, above 0 and at most 1 (0.01: one in a hundred)"`
 	LimitAction       LimitAction    `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
+
+	// The answer cache (cacheconfig.go checks the rules that tie them together).
+	CacheSize           ByteSize      `envconfig:"CACHE_SIZE" default:"off" desc:"answer cache: the bytes it may hold, a whole number with a unit B, KB, MB or GB (powers of 1024), such as 64MB, from 256KB to 64GB; 0 or off = no cache"`
+	CacheMinTTL         time.Duration `envconfig:"CACHE_MIN_TTL" default:"0s" min:"0s" max:"1h" desc:"cache: a shorter TTL is raised to this (whole seconds); a TTL of 0 is never stored"`
+	CacheMaxTTL         time.Duration `envconfig:"CACHE_MAX_TTL" default:"24h" min:"1s" max:"168h" desc:"cache: a longer TTL of a positive answer is lowered to this (whole seconds)"`
+	CacheMaxNegativeTTL time.Duration `envconfig:"CACHE_MAX_NEGATIVE_TTL" default:"1h" min:"1s" max:"24h" desc:"cache: a longer TTL of NXDOMAIN or NODATA (RFC 2308: min of the SOA's TTL and MINIMUM) is lowered to this (whole seconds)"`
+	CacheStale          time.Duration `envconfig:"CACHE_STALE" default:"0s" min:"0s" max:"168h" desc:"serve-stale (RFC 8767): how long past its expiry a cached answer may still be served, TTL 30, when its refresh fails or no upstream can be asked; 0 = off"`
+	CacheStaleWait      time.Duration `envconfig:"CACHE_STALE_WAIT" default:"1.8s" min:"0s" max:"30s" desc:"serve-stale: an expired answer whose refresh has not come back within this is served stale while the refresh goes on; below DNS_UPSTREAM_TIMEOUT; 0 = wait for the refresh"`
+	CachePrefetch       bool          `envconfig:"CACHE_PREFETCH" default:"off" desc:"cache: an answer asked for in the last 10% of its TTL is refreshed in the background, once; on or off"`
 }
 
 // Variables whose rules involve another, named in their errors.
@@ -157,6 +166,9 @@ func readConfig(lookup func(string) (string, bool), r resolver) (Config, error) 
 		return cfg, err
 	}
 	if err := cfg.checkFailover(given); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkCache(given); err != nil {
 		return cfg, err
 	}
 	return cfg, cfg.checkBreaker(given)

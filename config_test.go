@@ -20,7 +20,9 @@ var allVars = []string{"DNS_LISTEN", "DNS_UPSTREAM", "DNS_UPSTREAM_TIMEOUT", "DN
 	"DNS_BREAKER_THRESHOLD", "DNS_BREAKER_MIN_SAMPLES", "DNS_BREAKER_WINDOW", "DNS_BREAKER_COOLOFF", "DNS_METRICS_ADDR",
 	"DNS_MAX_INFLIGHT", "DNS_TCP_MAX_CONNS", "DNS_TCP_IDLE_TIMEOUT", "DNS_MAX_UDP_SIZE", "DNS_UPSTREAM_0X20",
 	"DNS_ALLOW", "DNS_CLIENT_RATE_LIMIT", "DNS_CLIENT_PREFIX", "DNS_CLIENT_TABLE_SIZE", "DNS_CLIENT_EXEMPT", "DNS_LIMIT_ACTION",
-	"DNS_QUERY_LOG", "DNS_QUERY_LOG_SAMPLE"}
+	"DNS_QUERY_LOG", "DNS_QUERY_LOG_SAMPLE",
+	"DNS_CACHE_SIZE", "DNS_CACHE_MIN_TTL", "DNS_CACHE_MAX_TTL", "DNS_CACHE_MAX_NEGATIVE_TTL", "DNS_CACHE_STALE",
+	"DNS_CACHE_STALE_WAIT", "DNS_CACHE_PREFETCH"}
 
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -47,6 +49,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	want.Allow.Prefixes = guard.DefaultAccessPrefixes()
 	want.ClientPrefix, want.ClientTableSize = ClientPrefix{32, 64}, 100000
+	want.CacheMaxTTL, want.CacheMaxNegativeTTL, want.CacheStaleWait = 24*time.Hour, time.Hour, 1800*time.Millisecond
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", cfg, want)
 	}

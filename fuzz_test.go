@@ -60,8 +60,9 @@ func (r *waitingRecorder) Drop() {
 // FuzzServePacket feeds arbitrary bytes through the server's parse step into
 // handleQuery with every gate on — the access list, the per-client bucket,
 // the global bucket (all three tight, so refusals happen, answered by slip),
-// the breaker — and on to a real upstream client (random IDs, 0x20,
-// byte-exact reply validation) and a fake upstream on loopback, so that what
+// the breaker, the answer cache with serve-stale, its timer and prefetch —
+// and on to a real upstream client (random IDs, 0x20, byte-exact reply
+// validation) and a fake upstream on loopback, so that what
 // comes back has passed the same checks as in production. The packet's
 // first byte picks its client, 127.0.0.x, and the access list admits
 // x < 128. Whatever comes in: no panic, exactly one answer or drop, and an
@@ -79,6 +80,13 @@ func FuzzServePacket(f *testing.F) {
 	q.Id = 0xF000 // a client outside the list
 	b, _ = q.Pack()
 	f.Add(b)
+	c := new(dns.Msg)
+	c.SetQuestion("cached.example.com.", dns.TypeA)
+	for _, id := range []uint16{0x0301, 0x0302} { // client 127.0.0.3 twice: the second is answered from the cache
+		c.Id = id
+		b, _ = c.Pack()
+		f.Add(b)
+	}
 
 	fake, err := fakeupstream.Start("127.0.0.1:0")
 	if err != nil {
@@ -92,6 +100,12 @@ func FuzzServePacket(f *testing.F) {
 	f.Cleanup(func() { up.Close() })
 	const maxUDP = 1232
 	clock := guard.NewManualClock(time.Unix(1e9, 0))
+	m := metrics.New()
+	answers, err := newAnswerCache(Config{CacheSize: 1 << 20, CacheStale: time.Hour, CacheStaleWait: 50 * time.Millisecond,
+		CachePrefetch: true}, clock, m) // entries expire as the clock moves 100 ms an input
+	if err != nil {
+		f.Fatal(err)
+	}
 	p := &proxy{
 		access:      guard.NewAccessList(netip.MustParsePrefix("127.0.0.0/25")),
 		denied:      guard.NewTokenBucket(deniedRate, deniedBurst, clock),
@@ -101,7 +115,8 @@ func FuzzServePacket(f *testing.F) {
 		maxInflight: 1000,
 		maxUDPSize:  maxUDP,
 		upstreams:   onePool(up, guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{})),
-		metrics:     metrics.New(),
+		metrics:     m,
+		cache:       answers,
 	}
 	var client netip.AddrPort // set before each packet; read by the handler, on the same goroutine
 	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {

@@ -9,7 +9,10 @@
 // dnsproxi -h for the variables. SIGINT or SIGTERM stops it once the queries
 // in flight are answered; SIGHUP reopens the query log's file
 // (DNS_QUERY_LOG), for log rotation. dnsproxi -version prints the build's
-// version and commit.
+// version and commit. With DNS_CACHE_SIZE set it answers from a cache,
+// serves stale answers while no upstream can answer (DNS_CACHE_STALE, RFC
+// 8767), and POST /cache/flush on the metrics listener, from loopback,
+// empties the cache.
 package main
 
 import (
@@ -82,7 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),
 		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String(),
-		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample))
+		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample),
+		"cache", cacheSummary(cfg))
 	if cfg.Allow.Any {
 		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
 	}
@@ -162,9 +166,14 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	}
 	access, denied, clients := initAccess(cfg, clock)
 	m.WatchClients(clientStats(clients))
+	answers, err := newAnswerCache(cfg, clock, m)
+	if err != nil {
+		ups.Close()
+		return nil, err
+	}
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: initLimiter(cfg, clock),
 		action: cfg.LimitAction, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
-		upstreams: ups, metrics: m, qlog: qlog, upstreamFor: cfg.Upstream}
+		upstreams: ups, metrics: m, qlog: qlog, upstreamFor: cfg.Upstream, cache: answers}
 	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
@@ -215,6 +224,9 @@ func (a *app) start() error {
 		mux.Handle("/metrics", a.metrics.Handler())
 		mux.HandleFunc("/healthz", a.handleHealthz)
 		mux.HandleFunc("/readyz", a.handleReadyz)
+		if a.proxy.cache != nil {
+			mux.Handle(flushPath, a.flushHandler()) // admin.go
+		}
 		a.metricsLn = ln
 		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go a.metricsHTTP.Serve(ln)

@@ -32,6 +32,7 @@ type proxy struct {
 	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
 	qlog        *queryLog      // one line per query; nil: off
 	upstreamFor string         // the upstream named in the query log
+	cache       *answerCache   // the answer cache (cached.go, stale.go); nil: off
 }
 
 // handleQuery runs one query through the entry gate and the forward gate to
@@ -92,9 +93,14 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		return
 	}
 
-	// 2. Coalescing: the same query already at the upstream, and room to
-	// wait for it: wait, paying neither the cap nor the breaker (coalesce.go).
+	// 2. Cache, then coalescing: a fresh answer is written at once, touching
+	// neither the cap nor the breaker (cached.go). Else the same query
+	// already at the upstream, and room to wait for it: wait, paying neither
+	// the cap nor the breaker (coalesce.go).
 	f, coalesce := p.newFlight(w, q, qtype, start)
+	if p.fromCache(f, coalesce) {
+		return
+	}
 	if coalesce && p.join(f) {
 		return
 	}
@@ -103,16 +109,23 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// never queue. It comes before the forward gate so that a refusal cannot
 	// take the half-open probe's place.
 	if !p.enter() {
+		if p.refusedFromCache(f) { // stale if cached (stale.go)
+			return
+		}
 		f.recycle()
 		p.refuse(w, q, dns.RcodeRefused, edeOverloaded, qtype, metrics.Overloaded, start)
 		return
 	}
 
 	// 4. Forward gate: the upstream the policy gives among those whose
-	// breaker admits; when every breaker refuses, SERVFAIL at once.
+	// breaker admits; when every breaker refuses, stale if cached, else
+	// SERVFAIL at once.
 	x, err := p.upstreams.Acquire()
 	if err != nil {
 		p.leave()
+		if p.refusedFromCache(f) { // stale if cached (stale.go)
+			return
+		}
 		f.recycle()
 		p.refuse(w, q, dns.RcodeServerFailure, edeBreakerOpen, qtype, metrics.BreakerOpen, start)
 		return
@@ -126,6 +139,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		p.share(f)
 	}
 	f.query = p.appendUpstreamQuery(f.query[:0], q)
+	p.armStaleWait(f) // an expired entry's refresh: stale after DNS_CACHE_STALE_WAIT (stale.go)
 	x.Forward(f.query, q.Net, f.done)
 }
 
@@ -145,6 +159,12 @@ func (f *flight) land(_, reply []byte, err error) {
 	if ok {
 		p.noteRA(ua.flags)
 	}
+	// The cache (stale.go): store the answer or note the failed refresh;
+	// leave the waiters if the stale-wait timer has answered them.
+	stale := p.settleCache(f, reply, usableAnswer(&ua, ok))
+	if !f.claimWaiters() {
+		return
+	}
 	var failed *ede
 	if !ok {
 		failed = upstreamEDE(err)
@@ -153,6 +173,13 @@ func (f *flight) land(_, reply []byte, err error) {
 	b := *bp
 	for i := range f.waiters {
 		wt := &f.waiters[i]
+		switch {
+		case wt.w == nil: // a prefetch: its client had its answer from the cache
+			continue
+		case stale:
+			p.writeCached(wt, f.cached.fallback, metrics.Stale)
+			continue
+		}
 		if ok {
 			b = ua.appendFor(b[:0], wt, p.udpSize())
 			wt.w.Write(b)

@@ -29,11 +29,13 @@ const (
 	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
 	Denied                         // a client outside the access list: REFUSED, or over UDP beyond its bucket dropped
 	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
+	Cached                         // answered from the cache, TTLs counted down; nothing sent upstream
+	Stale                          // answered from an expired cache entry (RFC 8767): TTL 30, EDE 3 or 19
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused",
-	"denied", "client_limited"}
+	"denied", "client_limited", "cached", "stale"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }

@@ -53,6 +53,14 @@ func TestDrills(t *testing.T) {
 				t.Errorf("failover numbers %v", n)
 			}
 		},
+		"degrade": func(t *testing.T, n map[string]int) {
+			if n["primed"] != 50 || n["first_stale"] != 50 || n["known_stale"] != n["known_asked"] || n["known_asked"] != 150 ||
+				n["known_fast"] < n["known_asked"]-n["probes"] || n["unknown_servfail"] != 20 || n["outage_packets"] != n["probes"] ||
+				n["healed_new_ok"] != 20 || n["flushed_fresh"] != 50 || n["nocache_first_ok"] != 0 || n["nocache_known_ok"] != 0 ||
+				n["nocache_healed_ok"] != 20 {
+				t.Errorf("degrade numbers %v", n)
+			}
+		},
 		"overload": func(t *testing.T, n map[string]int) {
 			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
 				t.Errorf("overload numbers %v", n)

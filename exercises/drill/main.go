@@ -3,7 +3,7 @@
 // through its environment, clients on loopback, and a report read from the
 // proxy's /metrics. It exits 1 when a gate did not behave as the chapter says.
 //
-//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|failover|overload|fairness|all [-quick]
+//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|failover|overload|fairness|degrade|all [-quick]
 //	go run ./exercises/drill upstream -mode blackhole -addr 127.0.0.1:5300
 package main
 
@@ -33,6 +33,7 @@ var drills = []struct {
 	{"failover", "two upstreams: a dead first is hedged around, tripped, probed back; a dead pair gets no retry storm", drillFailover},
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
 	{"fairness", "one flooder and twenty polite clients: the global bucket, the per-client bucket, slip", drillFairness},
+	{"degrade", "a dead upstream behind the cache: known names answered stale, with and without the cache", drillDegrade},
 }
 
 // harnesses run by name only, not by "all": they measure rather than teach.
@@ -42,6 +43,7 @@ var harnesses = []struct {
 }{
 	{"blackhole-flood", "3000 QPS at a blackholed upstream: memory, goroutines, latency, in three configurations", drillBlackholeFlood},
 	{"sources", "one query from each of 200,000 loopback sources: the per-client table's memory bound", drillSources},
+	{"cache-flood", "unique names at 15,000 QPS for 30 s: the cache's byte bound beside RSS", drillCacheFlood},
 }
 
 func main() {

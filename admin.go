@@ -1,0 +1,35 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+)
+
+// flushPath is the admin endpoint that empties the answer cache: POST it on
+// the metrics listener (DNS_METRICS_ADDR), from the machine itself.
+const flushPath = "/cache/flush"
+
+// flushHandler serves POST /cache/flush: it empties the cache and says how
+// many answers it held. Only a loopback peer may flush, whatever address
+// DNS_METRICS_ADDR listens on, since a flush sends every name back to the
+// upstream; anything but POST is refused, so a crawler or a browser's
+// prefetch cannot flush by reading the page.
+func (a *app) flushHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "use POST to flush the cache", http.StatusMethodNotAllowed)
+			return
+		}
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || !ap.Addr().Unmap().IsLoopback() {
+			http.Error(w, "the cache is flushed from loopback only", http.StatusForbidden)
+			return
+		}
+		store := a.proxy.cache.store
+		n := store.Stats().Entries
+		store.Flush()
+		a.log.Info("cache flushed", "entries", n, "from", r.RemoteAddr)
+		fmt.Fprintf(w, "flushed %d answers\n", n)
+	})
+}

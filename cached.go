@@ -1,0 +1,113 @@
+package main
+
+import (
+	"time"
+
+	"dnsproxi/cache"
+	"dnsproxi/guard"
+	"dnsproxi/metrics"
+)
+
+// The answer cache on the query path (the cache package holds the answers
+// and their rules; this file and stale.go decide when to use them):
+//
+//   - A query that passed the entry gates (a hit still pays its token) is
+//     looked up by its query key, the key coalescing uses. A fresh hit is
+//     answered at once — the client's ID, question bytes and OPT, every TTL
+//     counted down, cut to its size like any answer — and touches neither
+//     the in-flight cap nor the breaker: it sends nothing.
+//   - Queries with an EDNS Client Subnet option use the cache like any
+//     other, for the reason they coalesce (coalesce.go): the proxy never
+//     forwards the option, so their answer does not depend on the subnet.
+//     The day the option is forwarded, both must skip it together. Zone
+//     transfers are refused before the cache.
+//   - A miss goes on to the upstream as before; whatever usable answer comes
+//     back is stored (the cache decides what is cacheable).
+//   - An expired entry (serve-stale on) is refreshed first; the flight
+//     carries it as its fallback, answered stale when the refresh cannot
+//     give an answer (stale.go).
+//   - With prefetch on, the one hit in an entry's last tenth of TTL that
+//     the cache picks answers its client from the cache and then goes on,
+//     unanswered by anyone, as a refresh through coalescing, the cap, the
+//     breaker and the exchange like any query; its answer replaces the entry.
+
+// answerCache is the proxy's answer cache and what it needs beside it.
+type answerCache struct {
+	store     *cache.Cache
+	clock     guard.Clock   // what TTLs and the stale-wait timer count on
+	staleWait time.Duration // the client-response timer; 0: wait for the refresh
+	refreshes *metrics.Refreshes
+}
+
+// newAnswerCache builds the cache cfg asks for and registers its metrics
+// (at zero when off). It returns nil when the cache is off.
+func newAnswerCache(cfg Config, clock guard.Clock, m *metrics.Metrics) (*answerCache, error) {
+	var store *cache.Cache
+	if cfg.CacheSize > 0 {
+		var err error
+		if store, err = cache.New(cacheConfig(cfg)); err != nil {
+			return nil, err
+		}
+	}
+	refreshes := m.WatchCache(func() metrics.CacheStats {
+		if store == nil {
+			return metrics.CacheStats{}
+		}
+		s := store.Stats()
+		return metrics.CacheStats{Entries: s.Entries, Bytes: s.Bytes, Evictions: s.Evictions}
+	})
+	if store == nil {
+		return nil, nil
+	}
+	return &answerCache{store: store, clock: clock, staleWait: cfg.CacheStaleWait, refreshes: refreshes}, nil
+}
+
+// fromCache looks f's query up (keyed: f has a query key) and reports
+// whether it is done: answered fresh, or stale while its name waits out the
+// recheck timer. An expired entry becomes f's fallback and f goes on as its
+// refresh; a prefetch hit is answered and f goes on as a refresh with no one
+// to answer (its leader's writer cleared).
+func (p *proxy) fromCache(f *flight, keyed bool) bool {
+	c := p.cache
+	if c == nil || !keyed {
+		return false
+	}
+	h, state := c.store.Lookup(&f.key, c.clock.Now())
+	switch state {
+	case cache.Fresh:
+		p.writeCached(&f.waiters[0], h, metrics.Cached)
+		if h.Prefetch() {
+			f.waiters[0].w = nil
+			f.cached.refresh = true
+			return false
+		}
+	case cache.Stale:
+		p.writeCached(&f.waiters[0], h, metrics.Stale)
+	case cache.Expired:
+		f.cached.fallback, f.cached.refresh = h, true
+		return false
+	default:
+		return false
+	}
+	f.recycle()
+	return true
+}
+
+// writeCached answers wt from h — its records, TTLs counted down (StaleTTL
+// when stale), the client's own header bits, question and OPT, with EDE 3
+// or 19 when stale — cut to wt's size like any answer, and counts outcome o.
+func (p *proxy) writeCached(wt *waiter, h cache.Hit, o metrics.Outcome) {
+	rp, bp := getBuf(), getBuf()
+	scratch := h.AppendRecords((*rp)[:0])
+	n := len(scratch)
+	if h.Stale() {
+		scratch = h.AppendStaleEDE(scratch) // beside the records: a buffer of its own would escape
+	}
+	ua := upstreamAnswer{flags: h.Flags(), records: scratch[:n], optData: scratch[n:]}
+	ua.an, ua.ns, ua.ar = h.Counts()
+	b := ua.appendFor((*bp)[:0], wt, p.udpSize())
+	wt.w.Write(b)
+	p.record(wt.qtype, o, wt.start, wt.client, wt.question(), ua.rcodeFor(b, wt), "")
+	putBuf(bp, b)
+	putBuf(rp, scratch)
+}
