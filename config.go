@@ -46,6 +46,13 @@ type Config struct {
 	QueryLog          QueryLogTarget `envconfig:"QUERY_LOG" default:"off" desc:"one JSON line per query (time, client, name, type, outcome, rcode, upstream, duration): off, stderr, or an absolute file path, appended to and reopened on SIGHUP"`
 	QueryLogSample    Sample         `envconfig:"QUERY_LOG_SAMPLE" default:"1" desc:"share of queries the query log keeps, above 0 and at most 1 (0.01: one in a hundred)"`
 	LimitAction       LimitAction    `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
+
+	// The outbound limit (config_outbound.go), and the fleet's on Redis.
+	UpstreamRateLimit         RateLimit     `envconfig:"UPSTREAM_RATE_LIMIT" default:"off" desc:"outbound limit: every attempt sent to any upstream (first, retry, hedge) pays a token; rate or rate,burst as DNS_RATE_LIMIT; beyond it REFUSED (upstream_limited); off"`
+	UpstreamRateLimitRedis    RedisURL      `envconfig:"UPSTREAM_RATE_LIMIT_REDIS" desc:"makes DNS_UPSTREAM_RATE_LIMIT the fleet's total, shared on Redis by every dnsproxi naming it and the key: redis://[user:password@]host[:port][/db] or rediss://; needs DNS_UPSTREAM_RATE_LIMIT; unset: off"`
+	UpstreamRateLimitKey      string        `envconfig:"UPSTREAM_RATE_LIMIT_KEY" default:"dnsproxi" desc:"the fleet's shared bucket on Redis: instances naming the same Redis and key share one rate; no braces"`
+	UpstreamRateLimitTimeout  time.Duration `envconfig:"UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT" default:"50ms" min:"1ms" max:"1s" desc:"a Redis call that fails or takes longer switches the instance to its local share (the rate ÷ the instances last seen) until Redis answers again"`
+	UpstreamRateLimitFallback Fallback      `envconfig:"UPSTREAM_RATE_LIMIT_FALLBACK" desc:"queries per second an instance may send upstream before it has ever reached Redis, 0.001 up to the rate; unset: the whole rate"`
 }
 
 // Variables whose rules involve another, named in their errors.
@@ -157,6 +164,9 @@ func readConfig(lookup func(string) (string, bool), r resolver) (Config, error) 
 		return cfg, err
 	}
 	if err := cfg.checkFailover(given); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkOutbound(given); err != nil {
 		return cfg, err
 	}
 	return cfg, cfg.checkBreaker(given)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -111,6 +112,18 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// 4. Forward gate: the upstream the policy gives among those whose
 	// breaker admits; when every breaker refuses, SERVFAIL at once.
 	x, err := p.upstreams.Acquire()
+	if errors.Is(err, pool.ErrLimited) {
+		// 4b. Outbound limit (DNS_UPSTREAM_RATE_LIMIT, this instance's or
+		// the fleet's): a breaker admitted the query, but the upstreams'
+		// quota has no token for its first attempt. REFUSED at once.
+		p.leave()
+		f.recycle()
+		// Issue 12 hooks in here: a name the cache holds is answered stale
+		// (outcome stale), as on the breaker-open path; only a name it does
+		// not hold gets the REFUSED below.
+		p.refuse(w, q, dns.RcodeRefused, edeOutbound, qtype, metrics.UpstreamLimited, start)
+		return
+	}
 	if err != nil {
 		p.leave()
 		f.recycle()

@@ -29,11 +29,12 @@ const (
 	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
 	Denied                         // a client outside the access list: REFUSED, or over UDP beyond its bucket dropped
 	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
+	UpstreamLimited                // its first attempt refused by the outbound limit: REFUSED
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused",
-	"denied", "client_limited"}
+	"denied", "client_limited", "upstream_limited"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }

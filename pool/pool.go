@@ -81,7 +81,8 @@ type Config struct {
 	Clock    guard.Clock // nil: RealClock{}
 	// Outbound, if set, is asked for one token right before each attempt
 	// is sent, to any upstream: the upstreams together never see more than
-	// it allows. nil: no outbound limit.
+	// it allows. nil: no outbound limit. Pool.Close closes it if it is an
+	// io.Closer.
 	Outbound Outbound
 }
 
@@ -210,12 +211,16 @@ func New(cfg Config) (*Pool, error) {
 }
 
 // Close stops the hedging goroutine, then closes every upstream that is an
-// io.Closer; the attempts still out end (upstream.ErrClosed) and report.
+// io.Closer, and the outbound limit if it is one; the attempts still out
+// end (upstream.ErrClosed) and report.
 func (p *Pool) Close() error {
 	if p.hedger != nil {
 		p.hedger.close()
 	}
 	var errs []error
+	if c, ok := p.limit.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
 	for i := range p.members {
 		if c, ok := p.members[i].up.(io.Closer); ok {
 			errs = append(errs, c.Close())
