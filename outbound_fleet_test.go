@@ -291,7 +291,7 @@ func cleanEnv() []string {
 }
 
 // startRedisProc starts a redis-server for the test, killed at its end.
-func startRedisProc(t *testing.T) *redisproc.Server {
+func startRedisProc(t testing.TB) *redisproc.Server {
 	t.Helper()
 	r, err := redisproc.Start()
 	if err != nil {
