@@ -55,6 +55,13 @@ type Config struct {
 	CacheStale          time.Duration `envconfig:"CACHE_STALE" default:"0s" min:"0s" max:"168h" desc:"serve-stale (RFC 8767): how long past its expiry a cached answer may still be served, TTL 30, when its refresh fails or no upstream can be asked; 0 = off"`
 	CacheStaleWait      time.Duration `envconfig:"CACHE_STALE_WAIT" default:"1.8s" min:"0s" max:"30s" desc:"serve-stale: an expired answer whose refresh has not come back within this is served stale while the refresh goes on; below DNS_UPSTREAM_TIMEOUT; 0 = wait for the refresh"`
 	CachePrefetch       bool          `envconfig:"CACHE_PREFETCH" default:"off" desc:"cache: an answer asked for in the last 10% of its TTL is refreshed in the background, once; on or off"`
+
+	// The outbound limit (config_outbound.go), and the fleet's on Redis.
+	UpstreamRateLimit         RateLimit     `envconfig:"UPSTREAM_RATE_LIMIT" default:"off" desc:"outbound limit: every attempt sent to any upstream (first, retry, hedge) pays a token; rate or rate,burst as DNS_RATE_LIMIT; beyond it REFUSED (upstream_limited); off"`
+	UpstreamRateLimitRedis    RedisURL      `envconfig:"UPSTREAM_RATE_LIMIT_REDIS" desc:"makes DNS_UPSTREAM_RATE_LIMIT the fleet's total, shared on Redis by every dnsproxi naming it and the key: redis://[user:password@]host[:port][/db] or rediss://; needs DNS_UPSTREAM_RATE_LIMIT; unset: off"`
+	UpstreamRateLimitKey      string        `envconfig:"UPSTREAM_RATE_LIMIT_KEY" default:"dnsproxi" desc:"the fleet's shared bucket on Redis: instances naming the same Redis and key share one rate; no braces"`
+	UpstreamRateLimitTimeout  time.Duration `envconfig:"UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT" default:"50ms" min:"1ms" max:"1s" desc:"a Redis call that fails or takes longer switches the instance to its local share (the rate ÷ the instances last seen) until Redis answers again"`
+	UpstreamRateLimitFallback Fallback      `envconfig:"UPSTREAM_RATE_LIMIT_FALLBACK" desc:"queries per second an instance may send upstream before it has ever reached Redis, 0.001 up to the rate; unset: the whole rate"`
 }
 
 // Variables whose rules involve another, named in their errors.
@@ -169,6 +176,9 @@ func readConfig(lookup func(string) (string, bool), r resolver) (Config, error) 
 		return cfg, err
 	}
 	if err := cfg.checkCache(given); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkOutbound(given); err != nil {
 		return cfg, err
 	}
 	return cfg, cfg.checkBreaker(given)

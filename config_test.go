@@ -50,6 +50,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	want.Allow.Prefixes = guard.DefaultAccessPrefixes()
 	want.ClientPrefix, want.ClientTableSize = ClientPrefix{32, 64}, 100000
 	want.CacheMaxTTL, want.CacheMaxNegativeTTL, want.CacheStaleWait = 24*time.Hour, time.Hour, 1800*time.Millisecond
+	want.UpstreamRateLimitKey, want.UpstreamRateLimitTimeout = "dnsproxi", 50*time.Millisecond
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", cfg, want)
 	}

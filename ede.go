@@ -27,6 +27,7 @@ var (
 	edeClientLimit  = &ede{dns.ExtendedErrorCodeOther, "client rate limit"}
 	edeRateLimit    = &ede{dns.ExtendedErrorCodeOther, "rate limit"}
 	edeOverloaded   = &ede{dns.ExtendedErrorCodeOther, "too many queries in flight"}
+	edeOutbound     = &ede{dns.ExtendedErrorCodeOther, "upstream rate limit"}
 	edeBreakerOpen  = &ede{dns.ExtendedErrorCodeNoReachableAuthority, "upstream circuit breaker open"}
 	edeTimeout      = &ede{dns.ExtendedErrorCodeNoReachableAuthority, "upstream timed out"}
 	edeNetworkError = &ede{dns.ExtendedErrorCodeNetworkError, "no valid reply from upstream"}

@@ -52,6 +52,7 @@ func TestOwnAnswersCarryEDE(t *testing.T) {
 		{"network error", nil, failing{syscall.ECONNREFUSED}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNetworkError},
 		{"no valid reply", nil, garbled{}, dns.RcodeServerFailure, dns.ExtendedErrorCodeNetworkError},
 		{"overloaded", func(p *proxy) { p.maxInflight = 1; p.inflight.Store(1) }, &scripted{reply: zone(nil)}, dns.RcodeRefused, dns.ExtendedErrorCodeOther},
+		{"upstream limited", func(p *proxy) { p.upstreams = limitedPool(&scripted{reply: zone(nil)}) }, &scripted{reply: zone(nil)}, dns.RcodeRefused, dns.ExtendedErrorCodeOther},
 	}
 	long := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 55) + "."
 	for _, tt := range tests {

@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		return 1
 	}
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
-		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(),
+		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(), "upstream_rate_limit", outboundSummary(cfg),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
 		"max_udp_size", cfg.MaxUDPSize, "upstream_0x20", cfg.Upstream0x20, "metrics", a.metricsURL(),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -121,6 +122,19 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// breaker admits; when every breaker refuses, stale if cached, else
 	// SERVFAIL at once.
 	x, err := p.upstreams.Acquire()
+	if errors.Is(err, pool.ErrLimited) {
+		// 4b. Outbound limit (DNS_UPSTREAM_RATE_LIMIT, this instance's or
+		// the fleet's): a breaker admitted the query, but the upstreams'
+		// quota has no token for its first attempt: stale if cached, else
+		// REFUSED at once.
+		p.leave()
+		if p.refusedFromCache(f) { // stale if cached (stale.go)
+			return
+		}
+		f.recycle()
+		p.refuse(w, q, dns.RcodeRefused, edeOutbound, qtype, metrics.UpstreamLimited, start)
+		return
+	}
 	if err != nil {
 		p.leave()
 		if p.refusedFromCache(f) { // stale if cached (stale.go)

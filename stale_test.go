@@ -54,7 +54,8 @@ func primeAndExpire(t *testing.T, a *app, clock *guard.ManualClock) {
 
 // Every trigger of a stale answer, the name expired: the refresh fails (no
 // reply: a failure), the refresh is answered SERVFAIL, the breaker is open,
-// the in-flight cap is full. In the last two nothing is sent upstream.
+// the in-flight cap is full, the outbound limit has no token. In the last
+// three nothing is sent upstream.
 func TestStaleTriggers(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -89,6 +90,8 @@ func TestStaleTriggers(t *testing.T) {
 			t.Cleanup(func() { open(); <-done })
 			waitFor(t, "the held query to take the one place", func() bool { return a.proxy.inflight.Load() == 1 })
 		}, 0, "refused"},
+		{"outbound limit spent", func(c *Config) { c.UpstreamRateLimit = RateLimit{Rate: 0.001, Burst: 1} },
+			func(t *testing.T, a *app, up *fakeupstream.Server) {}, 0, "refused"}, // priming took the one token
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

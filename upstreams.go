@@ -59,6 +59,13 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 	if cfg.RetryBudget > 0 {
 		budget = guard.NewRetryBudget(guard.RetryBudgetConfig{Ratio: float64(cfg.RetryBudget) / 100}, clock)
 	}
+	outbound, err := newOutbound(cfg, clock, m, log) // outbound.go; the pool closes it
+	if err != nil {
+		for _, c := range clients {
+			c.Close()
+		}
+		return nil, err
+	}
 	return pool.New(pool.Config{
 		Members:  members,
 		Policy:   pool.Policy(cfg.UpstreamPolicy),
@@ -68,6 +75,7 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 		Valid:    validReply,
 		Observer: obs,
 		Clock:    guard.RealClock{},
+		Outbound: outbound,
 	})
 }
 

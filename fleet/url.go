@@ -53,7 +53,7 @@ func parseURL(raw string) (redisTarget, error) {
 	shown := RedactURL(raw)
 	var password string
 	fail := func(why string, args ...any) (redisTarget, error) {
-		return redisTarget{}, fmt.Errorf("%w %q: %s", ErrURL, shown, redactSecret(fmt.Sprintf(why, args...), password))
+		return redisTarget{}, &URLError{URL: shown, Reason: redactSecret(fmt.Sprintf(why, args...), password)}
 	}
 	if raw == "" {
 		return fail("empty")
@@ -84,6 +84,26 @@ func parseURL(raw string) (redisTarget, error) {
 		return fail("the path must be a database number, got %q", u.Path)
 	}
 	return redisTarget{options: opts, shown: shown, password: password}, nil
+}
+
+// URLError says why a Redis URL cannot be used. It wraps ErrURL, and
+// neither of its fields shows the password.
+type URLError struct {
+	URL    string // the URL, its password redacted
+	Reason string // what is wrong with it
+}
+
+// Error reads like "fleet: bad Redis URL "<url>": <reason>".
+func (e *URLError) Error() string { return fmt.Sprintf("%v %q: %s", ErrURL, e.URL, e.Reason) }
+
+// Unwrap returns ErrURL.
+func (e *URLError) Unwrap() error { return ErrURL }
+
+// CheckURL reports whether raw names a Redis server New can use: nil, or a
+// *URLError. It lets a caller refuse a bad URL before it builds anything.
+func CheckURL(raw string) error {
+	_, err := parseURL(raw)
+	return err
 }
 
 // redactSecret replaces every occurrence of secret in s, for error text

@@ -82,3 +82,34 @@ func TestNewRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckURL: what New refuses, CheckURL refuses first, as a *URLError
+// whose URL and reason a caller can print apart, the password left out.
+func TestCheckURL(t *testing.T) {
+	const secret = "hunter2"
+	cases := []struct{ url, reason string }{
+		{"redis://127.0.0.1:6379/0", ""},
+		{"rediss://u:" + secret + "@host:6380/2", ""},
+		{"http://u:" + secret + "@127.0.0.1:6379/0", `unknown scheme "http"`},
+		{"redis://u:" + secret + "@[::1/0", "does not parse"},
+		{"redis://:" + secret + "@h:1/" + secret, "database number"},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			err := CheckURL(c.url)
+			if c.reason == "" {
+				if err != nil {
+					t.Fatalf("CheckURL refused a good URL: %v", err)
+				}
+				return
+			}
+			var ue *URLError
+			if !errors.As(err, &ue) || !errors.Is(err, ErrURL) {
+				t.Fatalf("CheckURL: %v, want a *URLError wrapping ErrURL", err)
+			}
+			if !strings.Contains(ue.Reason, c.reason) || strings.Contains(ue.Reason+ue.URL+err.Error(), secret) {
+				t.Errorf("URL %q, reason %q: want %q and no password", ue.URL, ue.Reason, c.reason)
+			}
+		})
+	}
+}

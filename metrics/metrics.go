@@ -31,11 +31,12 @@ const (
 	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
 	Cached                         // answered from the cache, TTLs counted down; nothing sent upstream
 	Stale                          // answered from an expired cache entry (RFC 8767): TTL 30, EDE 3 or 19
+	UpstreamLimited                // its first attempt refused by the outbound limit: REFUSED
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"forwarded", "rate_limited", "breaker_open", "upstream_error", "overloaded", "formerr", "notimp", "transfer_refused",
-	"denied", "client_limited", "cached", "stale"}
+	"denied", "client_limited", "cached", "stale", "upstream_limited"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }

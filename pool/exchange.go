@@ -207,9 +207,12 @@ func (x *Exchange) keep(reply []byte, err error) {
 }
 
 // extend sets up and sends the extra attempt reserved for reason: the next
-// upstream the policy gives, if its breaker admits and the budget allows.
-// If not, the reservation is given back, and if nothing else is out the
-// query is reported with what it has.
+// upstream the policy gives, if its breaker admits, the budget allows and
+// the outbound limit has a token. If not, the reservation is given back,
+// and if nothing else is out the query is reported with what it has.
+//
+// The outbound token is asked last, so that every token taken is an
+// attempt sent; a budget withdrawal it then refuses is not given back.
 func (x *Exchange) extend(reason Reason, tried uint32) {
 	p := x.p
 	i, permit, ok := p.choose(x.start, tried)
@@ -219,6 +222,10 @@ func (x *Exchange) extend(reason Reason, tried uint32) {
 		if p.obs != nil {
 			p.obs.BudgetExhausted()
 		}
+	}
+	if ok && !p.allowOutbound() {
+		permit.Cancel()
+		permit, ok = guard.Permit{}, false
 	}
 	x.mu.Lock()
 	if !ok || x.finished {

@@ -158,12 +158,13 @@ type rigConfig struct {
 	budget   *guard.RetryBudgetConfig
 	hedge    time.Duration
 	timeout  time.Duration
+	outbound Outbound
 }
 
 func newRig(t *testing.T, rc rigConfig) *rig {
 	t.Helper()
 	r := &rig{clock: guard.NewManualClock(t0), obs: &counter{}}
-	cfg := Config{Policy: rc.policy, Hedge: rc.hedge, Timeout: rc.timeout, Observer: r.obs, Clock: r.clock}
+	cfg := Config{Policy: rc.policy, Hedge: rc.hedge, Timeout: rc.timeout, Observer: r.obs, Clock: r.clock, Outbound: rc.outbound}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 30 * time.Second
 	}

@@ -20,6 +20,11 @@
 //     query also goes to the next upstream (same budget, same deadline). The
 //     first good answer wins; SERVFAIL and REFUSED count as good only when
 //     nothing better can come.
+//   - Outbound limit: every attempt sent pays one token of Config.Outbound,
+//     asked right before the send, after the breaker (and, for an extra
+//     attempt, after the budget). A first attempt it refuses is no attempt:
+//     Acquire returns ErrLimited and gives the breaker's permit back without
+//     a sample. A retry or hedge it refuses is simply not sent.
 //   - At most two attempts per query, each reporting to its own breaker
 //     exactly once when it ends, even after the query was answered by the
 //     other; the caller hears of the query exactly once.
@@ -74,6 +79,18 @@ type Config struct {
 	Valid    func(query, reply []byte) bool
 	Observer Observer    // nil: nobody is told
 	Clock    guard.Clock // nil: RealClock{}
+	// Outbound, if set, is asked for one token right before each attempt
+	// is sent, to any upstream: the upstreams together never see more than
+	// it allows. nil: no outbound limit. Pool.Close closes it if it is an
+	// io.Closer.
+	Outbound Outbound
+}
+
+// Outbound is an outbound rate limit: Allow takes n tokens if it has them
+// and reports whether it did, without waiting. *guard.TokenBucket and the
+// fleet's limiter are ones.
+type Outbound interface {
+	Allow(n int) bool
 }
 
 // Observer hears what the pool does, on the goroutine that did it. Its
@@ -117,10 +134,13 @@ var Reasons = []string{"failure", "answer", "hedge"}
 func (r Reason) String() string { return Reasons[r] }
 
 // ErrNoMembers and ErrTooManyMembers refuse a Config without upstreams or
-// with more than MaxMembers.
+// with more than MaxMembers. ErrLimited is Acquire's when an upstream's
+// breaker admitted the query but the outbound limit refused its first
+// attempt.
 var (
 	ErrNoMembers      = errors.New("pool: no upstream")
 	ErrTooManyMembers = fmt.Errorf("pool: more than %d upstreams", MaxMembers)
+	ErrLimited        = errors.New("pool: the outbound rate limit refused the query")
 )
 
 // Pool is a set of upstreams. It is safe for concurrent use. Build it with New.
@@ -134,7 +154,8 @@ type Pool struct {
 	valid   func(query, reply []byte) bool
 	obs     Observer
 	clock   guard.Clock
-	real    bool // clock is RealClock: call time.Now directly
+	real    bool     // clock is RealClock: call time.Now directly
+	limit   Outbound // nil: no outbound limit
 
 	rotation  atomic.Uint64 // round_robin's starting point; fastest's exploring turn
 	exchanges sync.Pool
@@ -177,6 +198,7 @@ func New(cfg Config) (*Pool, error) {
 		obs:     cfg.Observer,
 		clock:   cfg.Clock,
 		real:    real,
+		limit:   cfg.Outbound,
 	}
 	for i, m := range cfg.Members {
 		p.members[i] = member{name: m.Name, up: m.Upstream, breaker: m.Breaker}
@@ -189,12 +211,16 @@ func New(cfg Config) (*Pool, error) {
 }
 
 // Close stops the hedging goroutine, then closes every upstream that is an
-// io.Closer; the attempts still out end (upstream.ErrClosed) and report.
+// io.Closer, and the outbound limit if it is one; the attempts still out
+// end (upstream.ErrClosed) and report.
 func (p *Pool) Close() error {
 	if p.hedger != nil {
 		p.hedger.close()
 	}
 	var errs []error
+	if c, ok := p.limit.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
 	for i := range p.members {
 		if c, ok := p.members[i].up.(io.Closer); ok {
 			errs = append(errs, c.Close())
@@ -219,19 +245,28 @@ func (p *Pool) SmoothedRTT(i int) time.Duration { return time.Duration(p.members
 // Hedging reports whether the pool sends hedges.
 func (p *Pool) Hedging() bool { return p.hedger != nil }
 
-// Acquire chooses the upstream for a new query by the policy and takes its
-// breaker's permit. It returns guard.ErrOpen, taking nothing, if every
-// breaker refuses. The caller must then call Forward on the Exchange.
+// Acquire chooses the upstream for a new query by the policy, takes its
+// breaker's permit and the first attempt's outbound token. It returns
+// guard.ErrOpen, taking nothing, if every breaker refuses, and ErrLimited,
+// the permit given back, if the outbound limit does. The caller must then
+// call Forward on the Exchange.
 func (p *Pool) Acquire() (*Exchange, error) {
 	start := p.firstStart()
 	i, permit, ok := p.choose(start, 0)
 	if !ok {
 		return nil, guard.ErrOpen
 	}
+	if !p.allowOutbound() {
+		permit.Cancel() // no call was made: no sample, and a probe's place is freed
+		return nil, ErrLimited
+	}
 	x := p.exchanges.Get().(*Exchange)
 	x.begin(i, permit, p.retryStart(start))
 	return x, nil
 }
+
+// allowOutbound pays one outbound token for an attempt about to be sent.
+func (p *Pool) allowOutbound() bool { return p.limit == nil || p.limit.Allow(1) }
 
 func (p *Pool) now() time.Time {
 	if p.real {

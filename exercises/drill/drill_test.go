@@ -61,6 +61,12 @@ func TestDrills(t *testing.T) {
 				t.Errorf("degrade numbers %v", n)
 			}
 		},
+		"fleet": func(t *testing.T, n map[string]int) {
+			if n["local_x100"] < 240 || n["shared_x100"] < 70 || n["shared_upstream"] > n["shared_bound"] ||
+				n["stopped_x100"] < 60 || n["stopped_upstream"] > n["stopped_bound"] {
+				t.Errorf("fleet numbers %v", n)
+			}
+		},
 		"overload": func(t *testing.T, n map[string]int) {
 			if n["forwarded"] < 120 || n["forwarded"] > 175 || n["first"] <= n["last"] {
 				t.Errorf("overload numbers %v", n)

@@ -3,7 +3,7 @@
 // through its environment, clients on loopback, and a report read from the
 // proxy's /metrics. It exits 1 when a gate did not behave as the chapter says.
 //
-//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|failover|overload|fairness|degrade|all [-quick]
+//	go run ./exercises/drill ratelimit|breaker|flap|slow|slownames|failover|overload|fairness|degrade|fleet|all [-quick]
 //	go run ./exercises/drill upstream -mode blackhole -addr 127.0.0.1:5300
 package main
 
@@ -34,6 +34,7 @@ var drills = []struct {
 	{"overload", "how the burst and the rate shape what passes", drillOverload},
 	{"fairness", "one flooder and twenty polite clients: the global bucket, the per-client bucket, slip", drillFairness},
 	{"degrade", "a dead upstream behind the cache: known names answered stale, with and without the cache", drillDegrade},
+	{"fleet", "three instances, one upstream contract: a limit each, one shared on Redis, Redis stopped", drillFleet},
 }
 
 // harnesses run by name only, not by "all": they measure rather than teach.
