@@ -75,6 +75,9 @@ func liveScrape(t *testing.T) string {
 	cfg.MetricsAddr = "127.0.0.1:0"
 	cfg.BreakerThreshold = 50
 	cfg.QueryLog = QueryLogTarget(filepath.Join(t.TempDir(), "queries.log"))
+	cfg.UpstreamRateLimit = RateLimit{Rate: 1e6, Burst: 1e6} // the outbound limit, the fleet's on Redis
+	cfg.UpstreamRateLimitRedis = RedisURL(startRedisProc(t).URL())
+	cfg.UpstreamRateLimitKey, cfg.UpstreamRateLimitTimeout = "dnsproxi-deploy-test", time.Second
 	a := startProxy(t, cfg, guard.RealClock{})
 	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
 	return scrape(t, a)
