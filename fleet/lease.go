@@ -101,6 +101,18 @@ func (s *lease) spent() int64 {
 	return n
 }
 
+// heldAfter is what the lease will still hold once the blocks expiring by t
+// are cut: the tokens in hand, at most the sizes of the blocks that outlive t.
+func (s *lease) heldAfter(t time.Time) int64 {
+	var live int64
+	for _, b := range s.blocks {
+		if b.expires.After(t) {
+			live += b.size
+		}
+	}
+	return min(s.tokens.Load(), live)
+}
+
 // nextExpiry is when the oldest live block expires; ok is false with none.
 func (s *lease) nextExpiry() (t time.Time, ok bool) {
 	if len(s.blocks) == 0 {

@@ -8,12 +8,19 @@ package fleet
 // to its local share.
 //
 //   - A block is asked when the lease falls below half the last block's size,
-//     sized to about 100 ms of the demand seen since the previous call (what
+//     sized to about 200 ms of the demand seen since the previous call (what
 //     Allow spent plus what it could not serve), at least 1 and at most a
-//     tenth of a second of the fleet's rate (and the burst).
+//     tenth of a second of the fleet's rate (and the burst). Half a block is
+//     then 100 ms of demand still in hand when the next is asked: more than
+//     minGap and a Redis round trip, and enough for a goroutine that a busy
+//     machine lets run only every few tens of milliseconds. After a refusal
+//     (the lease ran dry: the load grew faster than the demand seen) the
+//     next block is the largest a block may be.
 //   - An idle instance keeps one token in hand (the smallest block, renewed
 //     as it expires), so the first query after a quiet spell does not wait
 //     for a call.
+//   - A block about to expire (within expiryMargin) counts as gone: the next
+//     is asked for while it can still be spent.
 //   - Calls are at least minGap apart, so an instance makes at most
 //     1 s / minGap calls a second whatever its demand or its luck; with no
 //     demand, one a second keeps the membership fresh.
@@ -43,7 +50,13 @@ const (
 	// minGap is the least time between two calls: at most 1s/minGap calls a second.
 	minGap = 60 * time.Millisecond
 	// demandHorizon is how much of the recent demand one block covers.
-	demandHorizon = 100 * time.Millisecond
+	demandHorizon = 200 * time.Millisecond
+	// maxBlockSpan bounds a block: at most this much of the fleet's rate.
+	maxBlockSpan = 100 * time.Millisecond
+	// expiryMargin is how long before a block expires the lease is judged
+	// by what outlives it: the next block is asked for while the old one can
+	// still be spent, so an expiry never leaves the lease dry for a round trip.
+	expiryMargin = 100 * time.Millisecond
 )
 
 // callResult indexes Limiter.calls.
@@ -60,6 +73,7 @@ const (
 type loopState struct {
 	lastCall    time.Time // when the last call was sent
 	demand      int64     // tokens wanted since lastCall
+	unmet       int64     // of which refused: the lease ran dry
 	block       int64     // the size of the next block to ask for
 	maxBlock    int64
 	everShared  bool
@@ -69,7 +83,7 @@ type loopState struct {
 
 // start makes New's first call and reports the mode it leaves the limiter in.
 func (s *loopState) start(l *Limiter, now time.Time) {
-	s.maxBlock = int64(max(1, min(math.Ceil(l.s.Rate*demandHorizon.Seconds()), float64(l.s.Burst))))
+	s.maxBlock = int64(max(1, min(math.Ceil(l.s.Rate*maxBlockSpan.Seconds()), float64(l.s.Burst))))
 	s.block = 1
 	rate, burst := l.s.part(l.s.Fallback)
 	l.local.Store(guard.NewTokenBucket(rate, burst, l.s.Clock))
@@ -127,21 +141,32 @@ func (l *Limiter) step(now time.Time) time.Duration {
 		l.asking.Store(false)
 	}
 	l.lease.expire(now)
-	s.demand += l.lease.spent() + l.unmet.Swap(0)
+	unmet := l.unmet.Swap(0)
+	s.demand += l.lease.spent() + unmet
+	s.unmet += unmet
 	since := now.Sub(s.lastCall)
-	short := l.lease.tokens.Load() < l.lease.low.Load()
-	if since >= checkInterval || (!local && short && since >= minGap) {
+	if since >= checkInterval || (!local && l.short(now) && since >= minGap) {
 		_ = l.call(now) // a failure is reported through the switch
 		now = l.now()
 	}
 	due := s.lastCall.Add(checkInterval)
-	if Mode(l.mode.Load()) == ModeShared && l.lease.tokens.Load() < l.lease.low.Load() {
+	if Mode(l.mode.Load()) == ModeShared && l.short(now) {
 		due = s.lastCall.Add(minGap)
 	}
-	if t, ok := l.lease.nextExpiry(); ok && t.Before(due) {
-		due = t
+	if t, ok := l.lease.nextExpiry(); ok {
+		if pre := t.Add(-expiryMargin); pre.After(now) && pre.Before(due) {
+			due = pre // judge the lease by what outlives this block
+		} else if t.Before(due) {
+			due = t // cut it
+		}
 	}
 	return max(due.Sub(now), 0)
+}
+
+// short reports whether the lease is below its low-water mark, counting
+// only the blocks that outlive the next expiryMargin.
+func (l *Limiter) short(now time.Time) bool {
+	return l.lease.heldAfter(now.Add(expiryMargin)) < l.lease.low.Load()
 }
 
 // call asks Redis for a block (or only refreshes the membership when the
@@ -152,7 +177,7 @@ func (l *Limiter) call(now time.Time) error {
 	s.sizeBlock(now)
 	l.asking.Store(false) // from here on, a new shortage wakes the goroutine again
 	want := int64(0)
-	if Mode(l.mode.Load()) != ModeShared || l.lease.tokens.Load() < l.lease.low.Load() {
+	if Mode(l.mode.Load()) != ModeShared || l.short(now) {
 		want = s.block
 	}
 	s.lastCall = now
@@ -191,7 +216,14 @@ func (s *loopState) sizeBlock(now time.Time) {
 	}
 	perSecond := float64(s.demand) / window.Seconds()
 	s.block = int64(min(max(math.Ceil(perSecond*demandHorizon.Seconds()), 1), float64(s.maxBlock)))
-	s.demand = 0
+	if s.unmet > 0 {
+		// Refused queries mean the last block was too small — a load that
+		// grew faster than the demand seen, a ramp after a quiet spell: ask
+		// for the most a block may be. The script grants no more than the
+		// bucket's share for this instance, so the fleet stays fair.
+		s.block = s.maxBlock
+	}
+	s.demand, s.unmet = 0, 0
 }
 
 // toLocal moves a shared-mode limiter to a local bucket holding its share of

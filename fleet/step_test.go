@@ -119,8 +119,10 @@ func TestStepLeaseExpires(t *testing.T) {
 	}
 }
 
-// TestStepBlockSize: a block covers about 100 ms of the demand seen since
-// the last call, and never more than a tenth of a second of the fleet's rate.
+// TestStepBlockSize: a block is never more than a tenth of a second of the
+// fleet's rate, at least 1, and after refusals (here all the demand was
+// refused: nothing was in hand) the largest a block may be. (Sized to 200 ms
+// of served demand: TestStepKeepsUpWhenTheGoroutineLags.)
 func TestStepBlockSize(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -128,7 +130,7 @@ func TestStepBlockSize(t *testing.T) {
 		perSecond int
 		wantBlock int64
 	}{
-		{"100 ms of 2,000/s", 100_000, 2000, 200},
+		{"refused: the largest block", 100_000, 2000, 10_000},
 		{"capped at 100 ms of the rate", 1000, 5000, 100},
 		{"at least 1", 1000, 0, 1},
 	}
@@ -149,5 +151,86 @@ func TestStepBlockSize(t *testing.T) {
 				t.Errorf("%d tokens in hand, want the block of %d", got, c.wantBlock)
 			}
 		})
+	}
+}
+
+// TestStepKeepsUpWhenTheGoroutineLags: with the rate far above the load, a
+// steady 10,000/s must never be refused, even when the limiter's goroutine
+// gets to run only every 80 ms (a machine busy with the very load it
+// limits). The lease must hold more than one lag of demand when the next
+// block is asked for.
+func TestStepKeepsUpWhenTheGoroutineLags(t *testing.T) {
+	r := startRedis(t)
+	l, clock := steppedLimiter(t, r, Config{Rate: 1e7})
+	const perStep, lag = 800, 80 * time.Millisecond // 10,000/s
+	refused := 0
+	for step := range 60 {
+		for range perStep {
+			if !l.Allow(1) && step >= 3 { // the first steps learn the demand
+				refused++
+			}
+		}
+		clock.Advance(lag)
+		l.step(clock.Now())
+	}
+	if refused > 0 {
+		t.Fatalf("%d of %d queries refused at 10,000/s with a rate of 1e7/s and a goroutine lagging %v",
+			refused, 57*perStep, lag)
+	}
+}
+
+// TestStepRampAfterIdle: a load that starts at once after a quiet spell
+// (a benchmark run, a client fleet reconnecting) is refused only until the
+// first call answers. That call sees a second of near-zero demand; sized to
+// it, the block would run dry at once and the load would be refused for
+// another minGap. A refusal means the last block was too small: the next
+// asks for the most a block may be.
+func TestStepRampAfterIdle(t *testing.T) {
+	r := startRedis(t)
+	l, clock := steppedLimiter(t, r, Config{Rate: 1e7})
+	for range 5 { // idle: one call a second keeps one token in hand
+		clock.Advance(time.Second)
+		l.step(clock.Now())
+	}
+	clock.Advance(990 * time.Millisecond)            // the goroutine sleeps until its next check, at 1 s
+	const perStep, tick = 200, 10 * time.Millisecond // 20,000/s from nothing
+	refused := 0
+	for step := range 30 {
+		for range perStep {
+			if !l.Allow(1) && step >= 1 { // before the call at 1 s, only the token in hand
+				refused++
+			}
+		}
+		clock.Advance(tick)
+		l.step(clock.Now())
+	}
+	if refused > 0 {
+		t.Fatalf("%d of %d queries refused after the first call, at 20,000/s with a rate of 1e7/s", refused, 29*perStep)
+	}
+}
+
+// TestStepNextBlockBeforeExpiry: under steady demand the next block is in
+// hand before the one being spent expires, so the lease never runs dry at
+// an expiry (it did: the block was asked for only once the old one was cut,
+// and every query in the call's round trip was refused — some 300 a second
+// at 20,000/s on a loaded machine).
+func TestStepNextBlockBeforeExpiry(t *testing.T) {
+	r := startRedis(t)
+	l, clock := steppedLimiter(t, r, Config{Rate: 1e7})
+	const perStep, tick = 200, 10 * time.Millisecond // 20,000/s
+	dry := 0
+	for step := range 400 { // 4 s: four leases' lives
+		for range perStep {
+			l.Allow(1)
+		}
+		clock.Advance(tick)
+		l.lease.expire(clock.Now()) // what Allow would find right after the expiry, before any call
+		if step >= 10 && l.lease.tokens.Load() == 0 {
+			dry++
+		}
+		l.step(clock.Now())
+	}
+	if dry > 0 {
+		t.Fatalf("the lease ran dry at %d of 390 steps: the next block came only after the last expired", dry)
 	}
 }
