@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxBatch is the most packets one system call moves.
@@ -67,6 +68,9 @@ type Writer struct {
 	closed  bool
 	stopped chan struct{}
 
+	held  atomic.Int32 // Holds not yet released: Send does not wake run
+	calls atomic.Int64 // system calls made, for the tests
+
 	sys writerSys
 }
 
@@ -102,13 +106,41 @@ func (w *Writer) Send(to netip.AddrPort, p []byte) error {
 	w.queue = append(w.queue, packet{to: to, start: start, end: len(w.arena)})
 	first := len(w.queue) == 1
 	w.mu.Unlock()
-	if first {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+	if first && w.held.Load() == 0 {
+		w.wakeUp()
 	}
 	return nil
+}
+
+// Hold stops Send from waking the sending goroutine until Release. A
+// reader holds its socket's Writer while it answers the batch it read, so
+// that those answers go out together in one system call, not one wake-up
+// and a small batch each; it must not block while holding (its handler
+// never does), since every Send waits for its Release.
+func (w *Writer) Hold() { w.held.Add(1) }
+
+// Release ends a Hold and wakes the sending goroutine if anything waits.
+func (w *Writer) Release() {
+	if w.held.Add(-1) != 0 {
+		return
+	}
+	// A Send that saw the hold has queued its packet by now (it reads held
+	// after queueing), or it will see none and wake the sender itself.
+	w.mu.Lock()
+	queued := len(w.queue) > 0
+	w.mu.Unlock()
+	if queued {
+		w.wakeUp()
+	}
+}
+
+// wakeUp tells run there is something to send; a wake-up already waiting
+// says as much.
+func (w *Writer) wakeUp() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Close sends what is queued, then stops the Writer. It does not close the socket.
@@ -120,10 +152,7 @@ func (w *Writer) Close() {
 	}
 	w.closed = true
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	w.wakeUp()
 	<-w.stopped
 }
 
@@ -147,6 +176,7 @@ func (w *Writer) run() {
 				break
 			}
 			for sent := 0; sent < len(queue); { // by index: reslicing would shrink the reused slice
+				w.calls.Add(1)
 				sent += w.sys.write(w, queue[sent:min(len(queue), sent+MaxBatch)], arena)
 			}
 		}
