@@ -62,17 +62,17 @@ func newAnswerCache(cfg Config, clock guard.Clock, m *metrics.Metrics) (*answerC
 	return &answerCache{store: store, clock: clock, staleWait: cfg.CacheStaleWait, refreshes: refreshes}, nil
 }
 
-// fromCache looks f's query up (keyed: f has a query key) and reports
+// fromCache looks f's query up (keyed: f has a query key) at now and reports
 // whether it is done: answered fresh, or stale while its name waits out the
 // recheck timer. An expired entry becomes f's fallback and f goes on as its
 // refresh; a prefetch hit is answered and f goes on as a refresh with no one
 // to answer (its leader's writer cleared).
-func (p *proxy) fromCache(f *flight, keyed bool) bool {
+func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 	c := p.cache
 	if c == nil || !keyed {
 		return false
 	}
-	h, state := c.store.Lookup(&f.key, c.clock.Now())
+	h, state := c.store.Lookup(&f.key, now)
 	switch state {
 	case cache.Fresh:
 		p.writeCached(&f.waiters[0], h, metrics.Cached)

@@ -117,6 +117,7 @@ func FuzzServePacket(f *testing.F) {
 		upstreams:   onePool(up, guard.NewBreaker(guard.BreakerConfig{}, guard.RealClock{})),
 		metrics:     m,
 		cache:       answers,
+		clock:       clock,
 	}
 	var client netip.AddrPort // set before each packet; read by the handler, on the same goroutine
 	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {

@@ -64,7 +64,9 @@ func (u *listenSocket) close() {
 }
 
 // serveUDP reads batches of packets and hands each to the handler. Nothing
-// here blocks but the read: the handler answers through the socket's writer.
+// here blocks but the read: the handler answers through the socket's writer,
+// held while the batch is served so that the answers written meanwhile (cache
+// hits, refusals) go out in one sendmmsg with one wake-up of its goroutine.
 func (s *Server) serveUDP(u *listenSocket) {
 	defer s.wg.Done()
 	for {
@@ -75,6 +77,7 @@ func (s *Server) serveUDP(u *listenSocket) {
 			}
 			continue // a transient error (ICMP unreachable from an earlier reply): keep serving
 		}
+		u.writer.Hold()
 		for i := range n {
 			to := u.reader.Addr(i)
 			w := &udpWriter{out: u.writer, to: to}
@@ -86,6 +89,7 @@ func (s *Server) serveUDP(u *listenSocket) {
 			}
 			s.serve(w, &w.q, u.reader.Packet(i), "udp", client)
 		}
+		u.writer.Release()
 	}
 }
 

@@ -83,7 +83,16 @@ func (b *TokenBucket) Allow(n int) bool {
 	}
 	// The clock is read outside the lock, which stays short; a reading that
 	// went stale while waiting for it earns nothing (see refill).
-	now := b.now()
+	return b.AllowAt(b.now(), n)
+}
+
+// AllowAt is Allow with the clock read by the caller, who may share one
+// reading among several gates. A reading older than one already applied
+// earns nothing and moves nothing back (see refill).
+func (b *TokenBucket) AllowAt(now time.Time, n int) bool {
+	if n <= 0 {
+		return true
+	}
 	need := float64(n)
 	b.mu.Lock()
 	b.refill(now)

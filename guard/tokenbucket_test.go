@@ -449,3 +449,24 @@ func TestTokenBucketAllowNegativeMintsNothing(t *testing.T) {
 		t.Fatalf("with no time passing, a bucket of burst 5 admitted %d after Allow(-1000) (balance now %v)", admitted, b.Tokens())
 	}
 }
+
+// TestTokenBucketAllowAt runs a timeline of caller readings, a stale one
+// among them: the bucket's own clock never moves, so only the readings
+// passed in count, and the stale one earns nothing and moves nothing back.
+func TestTokenBucketAllowAt(t *testing.T) {
+	b := NewTokenBucket(10, 2, NewManualClock(t0)) // 1 token per 100 ms
+	steps := []step{
+		{0, 2, true},
+		{0, 1, false},
+		{100 * time.Millisecond, 1, true},  // earned one
+		{50 * time.Millisecond, 1, false},  // stale: earns nothing
+		{150 * time.Millisecond, 1, false}, // 50 ms after the latest reading: half a token
+		{200 * time.Millisecond, 1, true},
+		{0, 0, true}, // n <= 0 takes nothing
+	}
+	for i, s := range steps {
+		if got := b.AllowAt(t0.Add(s.at), s.n); got != s.ok {
+			t.Fatalf("step %d (at %v, n=%d): AllowAt = %v, want %v", i, s.at, s.n, got, s.ok)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxBatch is the most packets one system call moves.
@@ -56,7 +57,8 @@ func (r *Reader) Truncated(i int) bool { return r.cut[i] }
 // Addr returns the sender of the i-th datagram of the last Read.
 func (r *Reader) Addr(i int) netip.AddrPort { return r.addrs[i] }
 
-// Writer sends datagrams on one socket from a goroutine of its own.
+// Writer sends datagrams on one socket from a goroutine of its own, or
+// from a reader's when it releases a Hold.
 type Writer struct {
 	conn *net.UDPConn
 	wake chan struct{} // a token: there is something to send
@@ -67,7 +69,16 @@ type Writer struct {
 	closed  bool
 	stopped chan struct{}
 
-	sys writerSys
+	held  atomic.Int32 // Holds not yet released: Send does not wake run
+	calls atomic.Int64 // system calls made, for the tests
+
+	// sending is held by whoever takes the queue out and sends it: run, or
+	// a Release that finds it free. It guards sys and the two below, the
+	// queue and arena last sent, kept to be swapped in next time.
+	sending   sync.Mutex
+	sentQueue []packet
+	sentArena []byte
+	sys       writerSys
 }
 
 type packet struct {
@@ -102,13 +113,56 @@ func (w *Writer) Send(to netip.AddrPort, p []byte) error {
 	w.queue = append(w.queue, packet{to: to, start: start, end: len(w.arena)})
 	first := len(w.queue) == 1
 	w.mu.Unlock()
-	if first {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+	if first && w.held.Load() == 0 {
+		w.wakeUp()
 	}
 	return nil
+}
+
+// Hold stops Send from waking the sending goroutine until Release. A
+// reader holds its socket's Writer while it answers the batch it read, so
+// that those answers go out together in one system call, not one wake-up
+// and a small batch each; it must not block while holding (its handler
+// never does), since every Send waits for its Release.
+func (w *Writer) Hold() { w.held.Add(1) }
+
+// Release ends a Hold. The last one sends what is queued on the caller's
+// goroutine if no one else is sending and the system can send without
+// waiting: a reader's answers go out at once, with no goroutine to wake.
+// Whatever the socket cannot take now, or what others are sending, is
+// left to the sending goroutine.
+func (w *Writer) Release() {
+	if w.held.Add(-1) != 0 {
+		return
+	}
+	// A Send that saw the hold has queued its packet by now (it reads held
+	// after queueing), or it will see none and wake the sender itself.
+	if !sendsInline || !w.sending.TryLock() {
+		w.wakeIfQueued() // run is sending: it takes the queue next
+		return
+	}
+	w.sendQueued(false) // once: a reader never drains what others keep queueing
+	w.sending.Unlock()
+	w.wakeIfQueued()
+}
+
+// wakeIfQueued wakes run if anything is queued.
+func (w *Writer) wakeIfQueued() {
+	w.mu.Lock()
+	queued := len(w.queue) > 0
+	w.mu.Unlock()
+	if queued {
+		w.wakeUp()
+	}
+}
+
+// wakeUp tells run there is something to send; a wake-up already waiting
+// says as much.
+func (w *Writer) wakeUp() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Close sends what is queued, then stops the Writer. It does not close the socket.
@@ -120,35 +174,65 @@ func (w *Writer) Close() {
 	}
 	w.closed = true
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	w.wakeUp()
 	<-w.stopped
 }
 
-// run sends batches until Close. It swaps the queue for an empty one so that
-// senders never wait for a system call.
+// run sends batches until Close, waiting for the socket when it must.
 func (w *Writer) run() {
 	defer close(w.stopped)
-	var queue []packet
-	var arena []byte
 	for range w.wake {
-		for {
-			w.mu.Lock()
-			queue, w.queue = w.queue, queue[:0]
-			arena, w.arena = w.arena, arena[:0]
-			closed := w.closed
-			w.mu.Unlock()
-			if len(queue) == 0 {
-				if closed {
-					return
-				}
+		w.sending.Lock()
+		closed := false
+		for !closed {
+			var sent bool
+			sent, closed = w.sendQueued(true)
+			if !sent {
 				break
 			}
-			for sent := 0; sent < len(queue); { // by index: reslicing would shrink the reused slice
-				sent += w.sys.write(w, queue[sent:min(len(queue), sent+MaxBatch)], arena)
-			}
+		}
+		w.sending.Unlock()
+		if closed {
+			return
 		}
 	}
+}
+
+// sendQueued swaps the queue for an empty one, so that senders never wait
+// for a system call, and sends what it took. Without wait, a batch the
+// socket cannot take now goes back to the queue with the rest. It reports
+// whether it took anything, and whether the Writer is closed with nothing
+// left. It requires that w.sending is held.
+func (w *Writer) sendQueued(wait bool) (took, closedEmpty bool) {
+	w.mu.Lock()
+	queue, arena := w.queue, w.arena
+	w.queue, w.arena = w.sentQueue[:0], w.sentArena[:0]
+	w.sentQueue, w.sentArena = queue, arena
+	closed := w.closed
+	w.mu.Unlock()
+	if len(queue) == 0 {
+		return false, closed
+	}
+	for sent := 0; sent < len(queue); { // by index: reslicing would shrink the reused slice
+		w.calls.Add(1)
+		n, ok := w.sys.write(w, queue[sent:min(len(queue), sent+MaxBatch)], arena, wait)
+		if !ok {
+			w.requeue(queue[sent:], arena)
+			return true, false
+		}
+		sent += n
+	}
+	return true, false
+}
+
+// requeue puts ps, taken from the queue with their payloads in arena,
+// back for run to send.
+func (w *Writer) requeue(ps []packet, arena []byte) {
+	w.mu.Lock()
+	for _, p := range ps {
+		start := len(w.arena)
+		w.arena = append(w.arena, arena[p.start:p.end]...)
+		w.queue = append(w.queue, packet{to: p.to, start: start, end: len(w.arena)})
+	}
+	w.mu.Unlock()
 }

@@ -117,7 +117,11 @@ type writerSys struct {
 	names  [MaxBatch]unix.RawSockaddrAny
 	sendFn func(fd uintptr) bool // s.send, made once
 	count  int                   // packets in hdrs for send; then how many it is done with
+	wait   bool                  // send waits for the socket to be writable; else count -1: it was not
 }
+
+// sendsInline: sendmmsg can be tried without waiting, so a Release sends.
+const sendsInline = true
 
 func (s *writerSys) init(w *Writer) error {
 	rc, err := w.conn.SyscallConn()
@@ -133,8 +137,9 @@ func (s *writerSys) init(w *Writer) error {
 }
 
 // write sends the packets in one sendmmsg and returns how many it is done
-// with: sent, or dropped because the kernel refused them.
-func (s *writerSys) write(w *Writer, ps []packet, arena []byte) int {
+// with: sent, or dropped because the kernel refused them. Without wait, it
+// reports false if the socket could not take any now.
+func (s *writerSys) write(w *Writer, ps []packet, arena []byte, wait bool) (int, bool) {
 	for i, p := range ps {
 		h := &s.hdrs[i].Hdr
 		s.iovs[i].Base = &arena[p.start]
@@ -147,11 +152,14 @@ func (s *writerSys) write(w *Writer, ps []packet, arena []byte) int {
 			h.Namelen = encodeAddr(&s.names[i], p.to, s.v6)
 		}
 	}
-	s.count = len(ps)
+	s.count, s.wait = len(ps), wait
 	if err := s.rc.Write(s.sendFn); err != nil || s.count == 0 {
-		return len(ps) // the socket is closed: nothing more will go out
+		return len(ps), true // the socket is closed: nothing more will go out
 	}
-	return s.count
+	if s.count < 0 {
+		return 0, false
+	}
+	return s.count, true
 }
 
 // send makes one sendmmsg call; it returns false to wait until the socket is writable.
@@ -162,6 +170,10 @@ func (s *writerSys) send(fd uintptr) bool {
 	case 0:
 		s.count = int(r1)
 	case unix.EAGAIN, unix.EINTR:
+		if !s.wait {
+			s.count = -1
+			return true
+		}
 		return false
 	default:
 		s.count = 1 // the first packet was refused (e.g. ECONNREFUSED from an earlier ICMP): drop it, go on

@@ -19,14 +19,17 @@ func (readerSys) read(r *Reader) (int, error) {
 
 type writerSys struct{}
 
+// sendsInline: a plain write may wait, so a Release leaves it to run.
+const sendsInline = false
+
 func (writerSys) init(*Writer) error { return nil }
 
-func (writerSys) write(w *Writer, ps []packet, arena []byte) int {
+func (writerSys) write(w *Writer, ps []packet, arena []byte, _ bool) (int, bool) {
 	p := ps[0]
 	if p.to.IsValid() {
 		w.conn.WriteToUDPAddrPort(arena[p.start:p.end], p.to)
 	} else {
 		w.conn.Write(arena[p.start:p.end])
 	}
-	return 1
+	return 1, true
 }

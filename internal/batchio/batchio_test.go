@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -93,5 +94,48 @@ func TestReaderDeadline(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := r.Read(); err == nil {
 		t.Fatal("Read on an idle socket past its deadline returned no error")
+	}
+}
+
+// A held Writer sends nothing until Release: the packets queued while it
+// was held go out together, in one system call where sendmmsg exists, made
+// by Release itself (no goroutine to wake), and arrive in order.
+func TestHeldWriterSendsOneBatch(t *testing.T) {
+	from, to := listen(t, "udp4", "127.0.0.1:0"), listen(t, "udp4", "127.0.0.1:0")
+	w, err := NewWriter(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dst := to.LocalAddr().(*net.UDPAddr).AddrPort()
+	const n = MaxBatch
+	w.Hold()
+	for i := range n {
+		if err := w.Send(dst, []byte(fmt.Sprintf("packet %d", i))); err != nil {
+			t.Fatal(err)
+		}
+		runtime.Gosched() // a woken sender would run now
+	}
+	w.Release()
+	if got := w.calls.Load(); runtime.GOOS == "linux" && got != 1 {
+		t.Errorf("Release returned after %d system calls, want 1: the batch sent by Release itself", got)
+	}
+	to.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	for i := range n {
+		k, err := to.Read(buf)
+		if err != nil {
+			t.Fatalf("after %d packets: %v", i, err)
+		}
+		if want := fmt.Sprintf("packet %d", i); string(buf[:k]) != want {
+			t.Fatalf("packet %q, want %q", buf[:k], want)
+		}
+	}
+	want := int64(1)
+	if runtime.GOOS != "linux" {
+		want = n // one datagram a call
+	}
+	if got := w.calls.Load(); got != want {
+		t.Errorf("%d packets queued while held went out in %d system calls, want %d", n, got, want)
 	}
 }
