@@ -261,7 +261,11 @@ func TestFloodWithOneDeadUpstreamHoldsNoGoroutine(t *testing.T) {
 	waitFor(t, "the flood to be waiting at the dead upstream", func() bool {
 		return testutil.ToFloat64(a.metrics.InFlight) >= flood/2
 	})
-	waitFor(t, "hedges to go out", func() bool { return testutil.ToFloat64(a.metrics.Retries.WithLabelValues("hedge")) > 0 })
+	hedgesAndRefusals := func() float64 {
+		return testutil.ToFloat64(a.metrics.Retries.WithLabelValues("hedge")) + testutil.ToFloat64(a.metrics.RetryBudgetExhausted)
+	}
+	// Every waiting query comes to its hedge time: sent, or refused by the budget.
+	waitFor(t, "the waiting queries' hedges to be decided", func() bool { return hedgesAndRefusals() >= flood/2 })
 	if during := runtime.NumGoroutine(); during > before+10 {
 		t.Fatalf("%d goroutines with %v queries waiting, %d before: a waiting query or hedge must not hold one",
 			during, testutil.ToFloat64(a.metrics.InFlight), before)
