@@ -152,9 +152,17 @@ func TestExactlyOnceWithRetriesAndHedges(t *testing.T) {
 		t.Fatalf("%d attempts sent, %d reported to their breakers", total, got)
 	}
 	hedges, retries := obs.retries[RetryHedge].Load(), obs.retries[RetryFailure].Load()+obs.retries[RetryAnswer].Load()
-	if hedges == 0 || obs.retries[RetryFailure].Load() == 0 || obs.retries[RetryAnswer].Load() == 0 {
+	if obs.retries[RetryFailure].Load() == 0 || obs.retries[RetryAnswer].Load() == 0 {
 		t.Fatalf("the mix did not exercise every path: %d hedges, %d retries after failures, %d after answers",
 			hedges, obs.retries[RetryFailure].Load(), obs.retries[RetryAnswer].Load())
+	}
+	if hedges == 0 {
+		// Whether a hedge comes due depends on the scheduler (a query must
+		// still be held when the clock passes its hedge time): on a loaded
+		// machine none may. The checks above then covered retries alone;
+		// TestHedgeAndTheLateAnswer and the two after it cover hedges
+		// deterministically.
+		t.Logf("no hedge came due in this run (%d retries)", retries)
 	}
 	if int64(total) != clients*perClient+hedges+retries {
 		t.Fatalf("%d attempts for %d queries, %d hedges and %d retries", total, clients*perClient, hedges, retries)
