@@ -9,10 +9,7 @@ import (
 )
 
 func TestCacheConfigGood(t *testing.T) {
-	tests := []struct {
-		env   map[string]string
-		check func(Config) bool
-	}{
+	tests := []goodConfig{
 		{map[string]string{"DNS_CACHE_SIZE": "64MB"}, func(c Config) bool { return c.CacheSize == 64<<20 && c.CacheStale == 0 }},
 		{map[string]string{"DNS_CACHE_SIZE": " 512 kib "}, func(c Config) bool { return c.CacheSize == 512<<10 }},
 		{map[string]string{"DNS_CACHE_SIZE": "256KB"}, func(c Config) bool { return c.CacheSize == 256<<10 }},
@@ -33,18 +30,7 @@ func TestCacheConfigGood(t *testing.T) {
 		{map[string]string{"DNS_CACHE_SIZE": "1MB", "DNS_CACHE_STALE": "1h", "DNS_UPSTREAM_TIMEOUT": "5s", "DNS_CACHE_STALE_WAIT": "4s"},
 			func(c Config) bool { return c.CacheStaleWait == 4*time.Second }},
 	}
-	for _, tt := range tests {
-		t.Run(envString(tt.env), func(t *testing.T) {
-			setEnv(t, withUpstream(tt.env))
-			cfg, err := loadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(cfg) {
-				t.Fatalf("read as %+v", cfg)
-			}
-		})
-	}
+	loadsAs(t, tests)
 }
 
 // Every bad value of a cache variable, and every contradiction, stops run

@@ -26,10 +26,7 @@ func loopbackList(n int) string {
 }
 
 func TestConfigUpstreamList(t *testing.T) {
-	tests := []struct {
-		env   map[string]string
-		check func(Config) bool
-	}{
+	tests := []goodConfig{
 		{map[string]string{}, func(c Config) bool {
 			return len(c.Upstreams()) == 1 && c.UpstreamPolicy == UpstreamPolicy(pool.Sequential) &&
 				c.RetryBudget == 10 && c.UpstreamHedge.After == 0 // one upstream: nowhere to hedge to
@@ -61,18 +58,7 @@ func TestConfigUpstreamList(t *testing.T) {
 			return c.UpstreamHedge.After == 100*time.Millisecond
 		}},
 	}
-	for _, tt := range tests {
-		t.Run(envString(tt.env), func(t *testing.T) {
-			setEnv(t, withUpstream(tt.env))
-			cfg, err := loadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(cfg) {
-				t.Fatalf("parsed as %+v", cfg)
-			}
-		})
-	}
+	loadsAs(t, tests)
 }
 
 // The bad values, and the other ways a list or its companions can

@@ -60,10 +60,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 }
 
 func TestLoadConfigGood(t *testing.T) {
-	tests := []struct {
-		env   map[string]string
-		check func(Config) bool
-	}{
+	tests := []goodConfig{
 		{map[string]string{"DNS_RATE_LIMIT": "5"}, func(c Config) bool { return c.RateLimit == RateLimit{5, 5} }},
 		{map[string]string{"DNS_RATE_LIMIT": "5,10"}, func(c Config) bool { return c.RateLimit == RateLimit{5, 10} }},
 		{map[string]string{"DNS_RATE_LIMIT": " 2.5 , 1 "}, func(c Config) bool { return c.RateLimit == RateLimit{2.5, 1} }},
@@ -102,18 +99,7 @@ func TestLoadConfigGood(t *testing.T) {
 			return c.UpstreamTimeout == 30*time.Second && c.TCPIdleTimeout == time.Hour && c.BreakerCoolOff == time.Hour
 		}},
 	}
-	for _, tt := range tests {
-		t.Run(envString(tt.env), func(t *testing.T) {
-			setEnv(t, withUpstream(tt.env))
-			cfg, err := loadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(cfg) {
-				t.Fatalf("parsed as %+v", cfg)
-			}
-		})
-	}
+	loadsAs(t, tests)
 }
 
 func TestLoadConfigBad(t *testing.T) {
@@ -315,10 +301,7 @@ func TestConfigBreakerRulesOnlyWhenOn(t *testing.T) {
 
 // Keywords and units ignore case; values ignore surrounding spaces.
 func TestConfigKeywordsIgnoreCase(t *testing.T) {
-	tests := []struct {
-		env   map[string]string
-		check func(Config) bool
-	}{
+	tests := []goodConfig{
 		{map[string]string{"DNS_METRICS_ADDR": "OFF"}, func(c Config) bool { return c.MetricsAddr == "off" }},
 		{map[string]string{"DNS_METRICS_ADDR": " Off "}, func(c Config) bool { return c.MetricsAddr == "off" }},
 		{map[string]string{"DNS_RATE_LIMIT": "off"}, func(c Config) bool { return !c.RateLimit.On() }},
@@ -327,18 +310,7 @@ func TestConfigKeywordsIgnoreCase(t *testing.T) {
 		{map[string]string{"DNS_TCP_IDLE_TIMEOUT": "1M"}, func(c Config) bool { return c.TCPIdleTimeout == time.Minute }},
 		{map[string]string{"DNS_BREAKER_THRESHOLD": " 50 "}, func(c Config) bool { return c.BreakerThreshold == 50 }},
 	}
-	for _, tt := range tests {
-		t.Run(envString(tt.env), func(t *testing.T) {
-			setEnv(t, withUpstream(tt.env))
-			cfg, err := loadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(cfg) {
-				t.Fatalf("parsed as %+v", cfg)
-			}
-		})
-	}
+	loadsAs(t, tests)
 }
 
 // An empty value, or one of spaces only, is the same as an unset one: the
@@ -494,5 +466,29 @@ func TestConfigAccessAndClients(t *testing.T) {
 	}
 	for _, tt := range bad {
 		t.Run(envString(tt.env), func(t *testing.T) { wantConfigError(t, tt.env, tt.want) })
+	}
+}
+
+// goodConfig is an environment that must load, and what it must load as.
+type goodConfig struct {
+	env   map[string]string
+	check func(Config) bool
+}
+
+// loadsAs loads each case's environment (with an upstream set): it must
+// load without error and pass its check.
+func loadsAs(t *testing.T, tests []goodConfig) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(envString(tt.env), func(t *testing.T) {
+			setEnv(t, withUpstream(tt.env))
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(cfg) {
+				t.Fatalf("loaded as %+v", cfg)
+			}
+		})
 	}
 }
