@@ -193,18 +193,7 @@ func TestRunConfigErrorExit2(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(envString(tt.env), func(t *testing.T) {
-			env := map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off", "DNS_UPSTREAM": "127.0.0.1:5300"}
-			maps.Copy(env, tt.env)
-			setEnv(t, env)
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			var stdout, stderr syncBuffer
-			if code := run(ctx, nil, &stdout, &stderr, nil); code != 2 {
-				t.Errorf("exit %d, want 2", code)
-			}
-			if got, want := stderr.String(), "dnsproxi: "+tt.want+"\n"; got != want {
-				t.Errorf("stderr %q\nwant   %q", got, want)
-			}
+			exitsTwo(t, tt.env, tt.want)
 		})
 	}
 }
@@ -262,5 +251,24 @@ func TestRunSIGHUPKeepsServing(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("run did not return after its context ended")
+	}
+}
+
+// exitsTwo runs dnsproxi with env over a loopback default (no listener is
+// bound: the context is already cancelled) and wants exit code 2 and the one
+// line "dnsproxi: want" on stderr.
+func exitsTwo(t *testing.T, env map[string]string, want string) {
+	t.Helper()
+	full := map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off", "DNS_UPSTREAM": "127.0.0.1:5300"}
+	maps.Copy(full, env)
+	setEnv(t, full)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr syncBuffer
+	if code := run(ctx, nil, &stdout, &stderr, nil); code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	if got, line := stderr.String(), "dnsproxi: "+want+"\n"; got != line {
+		t.Errorf("stderr %q\nwant   %q", got, line)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -291,18 +290,7 @@ func TestQueryLogConfig(t *testing.T) {
 	}
 	for _, tt := range bad {
 		t.Run(envString(tt.env), func(t *testing.T) {
-			env := map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off", "DNS_UPSTREAM": "127.0.0.1:5300"}
-			maps.Copy(env, tt.env)
-			setEnv(t, env)
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			var stdout, stderr syncBuffer
-			if code := run(ctx, nil, &stdout, &stderr, nil); code != 2 {
-				t.Errorf("exit %d, want 2", code)
-			}
-			if got, want := stderr.String(), "dnsproxi: "+tt.want+"\n"; got != want {
-				t.Errorf("stderr %q\nwant   %q", got, want)
-			}
+			exitsTwo(t, tt.env, tt.want)
 		})
 	}
 }
