@@ -8,7 +8,9 @@ package fleet
 //   - Only the limiter's goroutine adds blocks and expires them. A block
 //     lives leaseLife from the moment its call was sent (before Redis
 //     granted it), so no token is spent more than leaseLife after the shared
-//     bucket gave it out.
+//     bucket gave it out — give or take the goroutine: one that runs late
+//     cuts late, and asks for the next block (one call, bounded by the
+//     timeout) before it cuts.
 //   - The counter does not know which block a token came from; spending is
 //     taken to be oldest first. So when a block expires, what is left over
 //     beyond the newer blocks' sizes was its own, and the counter is cut to

@@ -16,11 +16,21 @@ package fleet
 //     machine lets run only every few tens of milliseconds. After a refusal
 //     (the lease ran dry: the load grew faster than the demand seen) the
 //     next block is the largest a block may be.
-//   - An idle instance keeps one token in hand (the smallest block, renewed
-//     as it expires), so the first query after a quiet spell does not wait
-//     for a call.
+//   - No block is smaller than the reserve: reserveSpan of the instance's
+//     share of the rate (the fleet's ÷ the instances last seen), at least 1
+//     token, at most the largest block. An idle instance keeps it in hand,
+//     renewed as it expires, so a load that starts at once — after a quiet
+//     spell, right after a call, while the goroutine waits for a core — is
+//     served from it until the block sized to that load arrives (minGap, a
+//     round trip and the goroutine's lag: about 100 ms on a busy machine).
+//     With the rate far above the load (the reserve at 1e7/s is 100,000
+//     tokens, 2 s of 50,000/s) the lease runs dry only for a goroutine late
+//     by about a second. It costs little:
+//     the fleet's idle reserves together take at most reserveSpan of the
+//     rate per lease, about 1.25% of it, and only what the bucket holds.
 //   - A block about to expire (within expiryMargin) counts as gone: the next
-//     is asked for while it can still be spent.
+//     is asked for while it can still be spent. A goroutine that runs later
+//     than that asks before it cuts the expired block, never after.
 //   - Calls are at least minGap apart, so an instance makes at most
 //     1 s / minGap calls a second whatever its demand or its luck; with no
 //     demand, one a second keeps the membership fresh.
@@ -53,6 +63,9 @@ const (
 	demandHorizon = 200 * time.Millisecond
 	// maxBlockSpan bounds a block: at most this much of the fleet's rate.
 	maxBlockSpan = 100 * time.Millisecond
+	// reserveSpan is the least a block holds: this much of the instance's
+	// share of the rate.
+	reserveSpan = 10 * time.Millisecond
 	// expiryMargin is how long before a block expires the lease is judged
 	// by what outlives it: the next block is asked for while the old one can
 	// still be spent, so an expiry never leaves the lease dry for a round trip.
@@ -83,8 +96,8 @@ type loopState struct {
 
 // start makes New's first call and reports the mode it leaves the limiter in.
 func (s *loopState) start(l *Limiter, now time.Time) {
-	s.maxBlock = int64(max(1, min(math.Ceil(l.s.Rate*maxBlockSpan.Seconds()), float64(l.s.Burst))))
-	s.block = 1
+	s.maxBlock = l.s.largestBlock()
+	s.block = l.s.reserve(0)
 	rate, burst := l.s.part(l.s.Fallback)
 	l.local.Store(guard.NewTokenBucket(rate, burst, l.s.Clock))
 	l.mode.Store(int32(ModeLocal))
@@ -140,7 +153,6 @@ func (l *Limiter) step(now time.Time) time.Duration {
 		// the lease empty every time; the once-a-second call clears it.)
 		l.asking.Store(false)
 	}
-	l.lease.expire(now)
 	unmet := l.unmet.Swap(0)
 	s.demand += l.lease.spent() + unmet
 	s.unmet += unmet
@@ -149,6 +161,10 @@ func (l *Limiter) step(now time.Time) time.Duration {
 		_ = l.call(now) // a failure is reported through the switch
 		now = l.now()
 	}
+	// Blocks are cut once the next is in hand: a goroutine that runs late,
+	// after the block being spent expired, asks first, so the lease is not
+	// dry for the call's round trip. (short counts an expired block as gone.)
+	l.lease.expire(now)
 	due := s.lastCall.Add(checkInterval)
 	if Mode(l.mode.Load()) == ModeShared && l.short(now) {
 		due = s.lastCall.Add(minGap)
@@ -174,7 +190,7 @@ func (l *Limiter) short(now time.Time) bool {
 // why Redis did not answer, the password redacted.
 func (l *Limiter) call(now time.Time) error {
 	s := &l.loop
-	s.sizeBlock(now)
+	s.sizeBlock(now, l.s.reserve(int(l.fleet.Load())))
 	l.asking.Store(false) // from here on, a new shortage wakes the goroutine again
 	want := int64(0)
 	if Mode(l.mode.Load()) != ModeShared || l.short(now) {
@@ -207,15 +223,29 @@ func (l *Limiter) call(now time.Time) error {
 	return nil
 }
 
+// largestBlock is maxBlockSpan of the fleet's rate, at most the burst, at
+// least 1.
+func (s *settings) largestBlock() int64 {
+	return int64(max(1, min(math.Ceil(s.Rate*maxBlockSpan.Seconds()), float64(s.Burst))))
+}
+
+// reserve is the least block: reserveSpan of the share of the rate for a
+// fleet of instances (as for 1 before Redis has answered), from 1 to the
+// largest block.
+func (s *settings) reserve(instances int) int64 {
+	share, _ := s.share(instances)
+	return int64(min(max(math.Ceil(share*reserveSpan.Seconds()), 1), float64(s.largestBlock())))
+}
+
 // sizeBlock sets the next block to about demandHorizon of the demand seen
-// since the last call, within [1, maxBlock], and starts a new count.
-func (s *loopState) sizeBlock(now time.Time) {
+// since the last call, within [least, maxBlock], and starts a new count.
+func (s *loopState) sizeBlock(now time.Time, least int64) {
 	window := max(now.Sub(s.lastCall), minGap)
 	if s.lastCall.IsZero() {
 		window = checkInterval
 	}
 	perSecond := float64(s.demand) / window.Seconds()
-	s.block = int64(min(max(math.Ceil(perSecond*demandHorizon.Seconds()), 1), float64(s.maxBlock)))
+	s.block = int64(min(max(math.Ceil(perSecond*demandHorizon.Seconds()), float64(least)), float64(s.maxBlock)))
 	if s.unmet > 0 {
 		// Refused queries mean the last block was too small — a load that
 		// grew faster than the demand seen, a ramp after a quiet spell: ask

@@ -112,7 +112,7 @@ func TestNewWithoutRedis(t *testing.T) {
 }
 
 // TestNewWithRedis: a Redis that answers starts the instance in shared mode,
-// counted in the fleet, with a token in hand.
+// counted in the fleet, with its reserve in hand (10 ms of the rate).
 func TestNewWithRedis(t *testing.T) {
 	r := startRedis(t)
 	log := newSwitchLog()
@@ -126,11 +126,11 @@ func TestNewWithRedis(t *testing.T) {
 		reports[0].To != ModeShared || reports[0].Err != nil || reports[0].Instances != 1 {
 		t.Fatalf("mode %v, reports %+v; want shared, reported once from starting, 1 instance", l.Mode(), reports)
 	}
-	if l.Instances() != 1 || l.LeaseTokens() != 1 {
-		t.Errorf("%d instances, %d tokens in hand; want 1 and 1", l.Instances(), l.LeaseTokens())
+	if l.Instances() != 1 || l.LeaseTokens() != 10 {
+		t.Errorf("%d instances, %d tokens in hand; want 1 and 10", l.Instances(), l.LeaseTokens())
 	}
-	if !l.Allow(1) {
-		t.Error("the token in hand was refused")
+	if !l.Allow(10) {
+		t.Error("the tokens in hand were refused")
 	}
 }
 

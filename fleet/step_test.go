@@ -120,9 +120,9 @@ func TestStepLeaseExpires(t *testing.T) {
 }
 
 // TestStepBlockSize: a block is never more than a tenth of a second of the
-// fleet's rate, at least 1, and after refusals (here all the demand was
-// refused: nothing was in hand) the largest a block may be. (Sized to 200 ms
-// of served demand: TestStepKeepsUpWhenTheGoroutineLags.)
+// fleet's rate, at least the reserve (TestReserve), and after refusals (here
+// all the demand was refused: nothing was in hand) the largest a block may
+// be. (Sized to 200 ms of served demand: TestStepKeepsUpWhenTheGoroutineLags.)
 func TestStepBlockSize(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -132,7 +132,7 @@ func TestStepBlockSize(t *testing.T) {
 	}{
 		{"refused: the largest block", 100_000, 2000, 10_000},
 		{"capped at 100 ms of the rate", 1000, 5000, 100},
-		{"at least 1", 1000, 0, 1},
+		{"at least the reserve: 10 ms of the rate", 1000, 0, 10},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
