@@ -16,7 +16,8 @@ import (
 )
 
 // The pieces of make compare that run without a bench: the reduction of a
-// dnsperf run to its figures and the drawing of a sweep's table.
+// dnsperf run to its figures, the drawing of a sweep's table, and the
+// checks that refuse a sweep's variables before anything starts.
 
 // runScript runs a program of scripts/ (ten seconds at most) with only the
 // given environment beside PATH and HOME, and returns its stdout, its
@@ -218,4 +219,39 @@ func pixelsOf(img image.Image, c [3]uint32) int {
 		}
 	}
 	return n
+}
+
+// compare.sh checks a sweep's variables before it builds or starts anything:
+// a wrong one stops it with exit 2 and one line naming it. PROTO is wrong in
+// every case, so a sweep accepted by mistake stops there too, naming PROTO,
+// instead of starting a bench; the first case shows a good sweep gets there.
+func TestCompareSweepVariables(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	writeFile(t, notDir, "")
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"a good sweep passes", map[string]string{"SWEEP": "1000 5000 +", "SWEEP_STEPS": "4", "SWEEP_MINUTES": "5"}, `compare: PROTO="bogus": want udp or tcp`},
+		{"the default sweep passes", map[string]string{"SWEEP": "1"}, `compare: PROTO="bogus": want udp or tcp`},
+		{"falling loads", map[string]string{"SWEEP": "5000 1000"}, `compare: SWEEP="5000 1000": want 1, or rising loads`},
+		{"+ not last", map[string]string{"SWEEP": "1000 + 2000"}, `compare: SWEEP="1000 + 2000": want 1, or rising loads`},
+		{"+ alone", map[string]string{"SWEEP": "+"}, `compare: SWEEP="+": want 1, or rising loads`},
+		{"not a number", map[string]string{"SWEEP": "fast"}, `compare: SWEEP="fast": want 1, or rising loads`},
+		{"a leading zero", map[string]string{"SWEEP": "0100"}, `compare: SWEEP="0100": want 1, or rising loads`},
+		{"with RATE", map[string]string{"SWEEP": "1", "RATE": "1000"}, `compare: SWEEP="1" and RATE="1000": set one of them`},
+		{"no steps", map[string]string{"SWEEP": "1", "SWEEP_STEPS": "0"}, `compare: SWEEP_STEPS="0": want an integer of at least 1`},
+		{"no minutes", map[string]string{"SWEEP": "1", "SWEEP_MINUTES": "x"}, `compare: SWEEP_MINUTES="x": want an integer of at least 1`},
+		{"OUT a file", map[string]string{"SWEEP": "1", "OUT": notDir}, `compare: OUT="` + notDir + `": cannot write a directory there`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.env["PROTO"] = "bogus"
+			_, stderr, code := runScript(t, tt.env, "", "bash", "scripts/compare.sh")
+			if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q\nwant exit 2 and one line starting %q", code, stderr, tt.want)
+			}
+		})
+	}
 }
