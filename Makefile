@@ -30,7 +30,9 @@ bench:
 
 # compare builds dnsproxi and runs it side by side with dnsdist, CoreDNS, Unbound
 # and dnsmasq (those installed, or PEERS) in front of a local NSD, under dnsperf;
-# make compare HELP=1 lists its variables (PEERS, ROUNDS, RATE, BASE_BIN, ...).
+# make compare HELP=1 lists its variables (PEERS, ROUNDS, RATE, BASE_BIN, ...);
+# make compare SWEEP=1 OUT=dir sweeps the offered load from 1k q/s upwards and
+# draws latency and rate reached against it (dir/sweep.png, from dir/sweep.tsv).
 compare:
 	@GO='$(GO)' bash scripts/compare.sh $(if $(HELP),-h)
 

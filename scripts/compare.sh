@@ -12,7 +12,8 @@
 #   make compare                                      # dnsproxi against every installed peer
 #   make compare PEERS="plain dnsdist direct" PROXY_ENV='DNS_RATE_LIMIT=10000000 DNS_BREAKER_THRESHOLD=50'
 #   make compare PEERS=base BASE_BIN=/tmp/dnsproxi-main   # a change against the binary it replaces
-#   make compare RATE=15000                           # average latency at a fixed rate instead of QPS
+#   make compare RATE=15000                           # latency at a fixed rate instead of QPS
+#   make compare SWEEP=1 OUT=/tmp/curve               # latency and rate reached from 1k q/s upwards: a PNG
 #
 # PEERS         what runs beside dnsproxi, in this order. Default: whichever of dnsdist coredns
 #               unbound dnsmasq are installed. Names:
@@ -27,11 +28,25 @@
 # BASE_ENV      environment for 'base' (default: PROXY_ENV). Applied after the script's own, so
 #               BASE_ENV='DNS_UPSTREAM=127.0.0.1:15300' gives an older base one upstream.
 # ROUNDS        rounds (3).                SECONDS_EACH  seconds per run (8).
-# CLIENTS       dnsperf clients (8).       OUTSTANDING   queries outstanding, dnsperf -q (500; RATE: 100).
+# CLIENTS       dnsperf clients (8).       OUTSTANDING   queries outstanding, dnsperf -q (500; RATE, SWEEP: 100).
 # RATE          queries per second: measure the average latency (microseconds) at this fixed rate
-#               instead of QPS; the ratio is then dnsproxi's latency over the peer's (below 1 is better).
-#               Each line also shows the rate reached: below RATE, that forwarder could not keep up
-#               (the summary counts the runs below 95% of RATE).
+#               instead of QPS, with its 99th percentile beside it (p99_us); the ratio is then
+#               dnsproxi's average latency over the peer's (below 1 is better). Each line also shows
+#               the rate reached: below RATE, that forwarder could not keep up (the summary counts
+#               the runs below 95% of RATE).
+# SWEEP         a latency sweep: RATE at one offered load after another, every forwarder interleaved
+#               within each load, ROUNDS rounds each, the medians written as a table (sweep.tsv:
+#               forwarder, offered, achieved, avg_us, p50_us, p99_us, lost%, noerror%) and drawn
+#               with gnuplot (sweep.png: latency and rate reached against offered load). SWEEP=1
+#               offers 1000 5000 15000 30000 45000 60000 q/s, then ×1.5 steps; SWEEP="1000 5000
+#               15000" offers those loads, and a last word + goes on upwards from there by ×1.5.
+#               A forwarder that falls behind at a load (its median reaches less than 95% of it,
+#               loses any query, or has under 99% NOERROR answers) is not offered more; the sweep
+#               ends when no forwarder but direct keeps up. gnuplot-nox is installed when missing.
+# SWEEP_STEPS   the most loads a sweep offers (12).
+# SWEEP_MINUTES the sweep offers no further load that would take it past this many minutes (60).
+# OUT           the directory of sweep.tsv, sweep.png and sweep.gp (default: the work directory,
+#               kept and printed; an existing sweep there is replaced).
 # PROTO         udp (default) or tcp: the transport dnsperf uses towards the forwarders.
 # MIX           unique (default; every name new, so no cache can help) or zipf (500,000 queries over
 #               20,000 names, Zipf s=1, like real traffic: a cache's hit rate settles near 97%).
@@ -75,7 +90,33 @@ CLIENTS=${CLIENTS:-8}; want_int CLIENTS 1
 UPSTREAMS=${UPSTREAMS:-1}; want_int UPSTREAMS 1
 [ "$UPSTREAMS" -le 90 ] || { say "UPSTREAMS=\"$UPSTREAMS\": want at most 90 (they sit below B+97)"; exit 2; }
 RATE=${RATE:-}; [ -z "$RATE" ] || want_int RATE 1
-OUTSTANDING=${OUTSTANDING:-$([ -n "$RATE" ] && echo 100 || echo 500)}; want_int OUTSTANDING 1
+SWEEP=${SWEEP:-}
+sweep_loads=() sweep_up=""
+if [ -n "$SWEEP" ]; then
+	[ -z "$RATE" ] || { say "SWEEP=\"$SWEEP\" and RATE=\"$RATE\": set one of them (a sweep offers its own loads)"; exit 2; }
+	if [ "$SWEEP" = 1 ]; then
+		sweep_loads=(1000 5000 15000 30000 45000 60000) sweep_up=1
+	else
+		last=0
+		read -r -a words <<<"$SWEEP"
+		for w in "${words[@]}"; do
+			if [ "$w" = + ] && [ -z "$sweep_up" ] && [ "$last" -gt 0 ]; then sweep_up=1; continue; fi
+			if [ -n "$sweep_up" ] || ! [[ $w =~ ^[1-9][0-9]{0,7}$ ]] || [ "$w" -le "$last" ]; then
+				say "SWEEP=\"$SWEEP\": want 1, or rising loads in queries per second (\"1000 5000 15000\"), + last to go on upwards"
+				exit 2
+			fi
+			sweep_loads+=("$w") last=$w
+		done
+		[ ${#sweep_loads[@]} -gt 0 ] || { say "SWEEP=\"$SWEEP\": want 1, or rising loads in queries per second"; exit 2; }
+	fi
+	SWEEP_STEPS=${SWEEP_STEPS:-12}; want_int SWEEP_STEPS 1
+	SWEEP_MINUTES=${SWEEP_MINUTES:-60}; want_int SWEEP_MINUTES 1
+	if [ -n "${OUT:-}" ]; then
+		if ! mkdir -p "$OUT" 2>/dev/null || ! [ -w "$OUT" ]; then say "OUT=\"$OUT\": cannot write a directory there"; exit 2; fi
+		OUT=$(cd "$OUT" && pwd)
+	fi
+fi
+OUTSTANDING=${OUTSTANDING:-$([ -n "$RATE$SWEEP" ] && echo 100 || echo 500)}; want_int OUTSTANDING 1
 PROTO=${PROTO:-udp}
 case $PROTO in udp | tcp) ;; *) say "PROTO=\"$PROTO\": want udp or tcp"; exit 2 ;; esac
 MIX=${MIX:-unique}
@@ -105,6 +146,7 @@ for v in $(compgen -e); do   # dnsproxi, plain and base get only what this scrip
 done
 
 work=$(mktemp -d /tmp/dnscompare.XXXXXX)
+[ -z "$SWEEP" ] || OUT=${OUT:-$work}
 
 # Every daemon runs in its own session, so its process group has its pid, kept in $work/NAME.pgid;
 # stopping a group also stops the processes a daemon forked (NSD's).
@@ -124,7 +166,14 @@ stop_all() {
 cleanup() {
 	trap - EXIT INT TERM
 	stop_all
-	if [ -n "${KEEP:-}" ]; then say "kept $work"; else rm -rf "$work"; fi
+	if [ -n "${KEEP:-}" ]; then
+		say "kept $work"
+	elif [ "${OUT:-}" = "$work" ] && compgen -G "$work/sweep.*" >/dev/null; then   # keep the sweep, not the bench
+		find "$work" -mindepth 1 -maxdepth 1 ! -name 'sweep.*' -exec rm -rf {} +
+		say "kept the sweep in $work"
+	else
+		rm -rf "$work"
+	fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -150,6 +199,9 @@ need dnsperf dnsperf || fail "dnsperf is needed"
 need nsd nsd || fail "nsd is needed"
 need dig bind9-dnsutils || fail "dig is needed"
 command -v "$GO" >/dev/null || fail "$GO is needed to build dnsproxi"
+if [ -n "$SWEEP" ] && ! need gnuplot gnuplot-nox; then
+	say "gnuplot is missing: the sweep writes its table only (draw it later: scripts/sweepplot.sh TABLE PNG)"
+fi
 peers=()
 for p in $PEERS; do
 	case $p in
@@ -345,64 +397,125 @@ version() {
 	dnsmasq) dnsmasq --version 2>/dev/null | awk 'NR==1{print $3}' ;;
 	esac
 }
-if [ -n "$RATE" ]; then load="at most $OUTSTANDING outstanding, $RATE QPS offered, average latency"; else load="$OUTSTANDING outstanding, QPS"; fi
-echo "# $PROTO, dnsperf $CLIENTS clients, $load, ${SECONDS_EACH}s per run, $ROUNDS rounds, $MIX names$([ -n "$CACHE" ] && echo ", peers' caches on"), $UPSTREAMS NSD upstream(s)"
-echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); PROXY_ENV='$PROXY_ENV'$([ -n "${BASE_BIN:-}" ] && echo " BASE_ENV='$BASE_ENV'")"
-for n in "${order[@]}"; do echo "# $n: $(version "$n") on 127.0.0.1:${target[$n]}"; done
+if [ -n "$SWEEP" ]; then
+	load="at most $OUTSTANDING outstanding, offered ${sweep_loads[*]}${sweep_up:+ then ×1.5} q/s (at most $SWEEP_STEPS loads, $SWEEP_MINUTES min), latency"
+elif [ -n "$RATE" ]; then load="at most $OUTSTANDING outstanding, $RATE QPS offered, average latency"; else load="$OUTSTANDING outstanding, QPS"; fi
+loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
+header=$(
+	echo "# $PROTO, dnsperf $CLIENTS clients, $load, ${SECONDS_EACH}s per run, $ROUNDS rounds, $MIX names$([ -n "$CACHE" ] && echo ", peers' caches on"), $UPSTREAMS NSD upstream(s)"
+	echo "# $(nproc) cores, load average $loadavg; PROXY_ENV='$PROXY_ENV'$([ -n "${BASE_BIN:-}" ] && echo " BASE_ENV='$BASE_ENV'")"
+	for n in "${order[@]}"; do echo "# $n: $(version "$n") on 127.0.0.1:${target[$n]}"; done
+)
+echo "$header"
 
-# measure NAME: one dnsperf run; prints the figure (QPS, or latency in microseconds), the QPS, the
-# share of answers that were NOERROR, the share of queries lost and the commonest other response
-# code; or "fail".
+# measure NAME [QPS]: one dnsperf run, offering QPS queries per second if given (with -v, a line per
+# answer, for the percentiles); prints dnsperfstats.awk's "qps avg_us p50_us p99_us noerror% lost%
+# other" (the rate reached, latencies in microseconds, the commonest code but NOERROR), or "fail".
 measure() {
 	local args=(-s 127.0.0.1 -p "${target[$1]}" -m "$PROTO" -d "$QUERIES" -l "$SECONDS_EACH" -c "$CLIENTS" -q "$OUTSTANDING")
-	[ -z "$RATE" ] || args+=(-Q "$RATE")
+	[ -z "${2:-}" ] || args+=(-Q "$2" -v)
 	dnsperf "${args[@]}" >"$work/dnsperf.out" 2>&1 || true
-	awk -v rate="$RATE" '
-		/Queries sent:/ { sent = $3 }
-		/Queries lost:/ { lost = $3 }
-		/Response codes:/ {
-			for (i = 3; i < NF; i += 3) {
-				codes += $(i + 1)
-				if ($i == "NOERROR") ok = $(i + 1)
-				else if ($(i + 1) > most) { most = $(i + 1); other = $i }
-			}
-		}
-		/Queries per second:/ { qps = $4 }
-		/Average Latency/ { lat = $4 * 1000000 }
-		END {
-			v = rate != "" ? lat : qps
-			if (sent == 0 || v == "") { print "fail"; exit }
-			printf "%.0f %.0f %.1f %.2f %s\n", v, qps, codes ? 100 * ok / codes : 0, 100 * lost / sent, other
-		}' "$work/dnsperf.out"
+	awk -f "$repo/scripts/dnsperfstats.awk" "$work/dnsperf.out"
 }
+# failed ROUND NAME: the line saying why that run gave no figures.
+failed() { echo "$1 $2 failed: $(grep -m1 -iE 'error|fatal' "$work/dnsperf.out" || tail -n 1 "$work/dnsperf.out")"; }
+# median [FORMAT]: the median of the numbers on stdin (words), printed with FORMAT (%.0f); nothing
+# when there are none.
+median() { tr ' ' '\n' | sort -n | awk -v f="${1:-%.0f}" '$1 ~ /^[0-9.]+$/ {a[++n] = $1} END {if (n) printf f "\n", (a[int((n + 1) / 2)] + a[int(n / 2) + 1]) / 2}'; }
+# ratio A B: A/B with two decimals.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
+
+if [ -n "$SWEEP" ]; then
+	# Loads are offered in turn, the next only to the forwarders that kept up with this one.
+	table=$OUT/sweep.tsv
+	rm -f "$OUT/sweep.png" "$OUT/sweep.gp"   # an earlier sweep's, which this one replaces
+	{
+		echo "$header"
+		printf 'forwarder\toffered\tachieved\tavg_us\tp50_us\tp99_us\tlost%%\tnoerror%%\n'
+	} >"$table"
+	active=("${order[@]}")
+	started=$SECONDS step=0 load=0
+	while :; do
+		if [ "$step" -lt ${#sweep_loads[@]} ]; then load=${sweep_loads[$step]}
+		elif [ -n "$sweep_up" ]; then load=$((load * 3 / 2))
+		else break; fi
+		step=$((step + 1))
+		keeping=0   # forwarders keeping up that are not direct (or direct, measured alone)
+		for n in "${active[@]}"; do
+			if [ "$n" != direct ] || [ ${#order[@]} = 1 ]; then keeping=$((keeping + 1)); fi
+		done
+		if [ "$keeping" = 0 ]; then echo "# sweep: every forwarder fell behind; it ends"; break; fi
+		if [ "$step" -gt "$SWEEP_STEPS" ]; then echo "# sweep: SWEEP_STEPS=$SWEEP_STEPS loads offered; it ends before $load q/s"; break; fi
+		if [ $((SECONDS - started + ${#active[@]} * ROUNDS * (SECONDS_EACH + 1))) -gt $((SWEEP_MINUTES * 60)) ]; then
+			echo "# sweep: $load q/s would take it past SWEEP_MINUTES=$SWEEP_MINUTES; it ends"
+			break
+		fi
+		declare -A s_qps=() s_avg=() s_p50=() s_p99=() s_ok=() s_lost=()
+		for r in $(seq 1 "$ROUNDS"); do
+			for n in "${active[@]}"; do
+				read -r qps avg p50 p99 ok lost other < <(measure "$n" "$load")
+				if [ "$qps" = fail ] || [ "$avg" = - ]; then failed "load $load round $r" "$n"; continue; fi
+				echo "load $load round $r $n qps=$qps avg_us=$avg p50_us=$p50 p99_us=$p99 noerror=$ok%${other:+ (else mostly $other)} lost=$lost%"
+				s_qps[$n]+=" $qps" s_avg[$n]+=" $avg" s_p50[$n]+=" $p50" s_p99[$n]+=" $p99" s_ok[$n]+=" $ok" s_lost[$n]+=" $lost"
+			done
+		done
+		ref=$(median <<<"${s_avg[dnsproxi]:-}")
+		still=()
+		for n in "${active[@]}"; do
+			qps=$(median <<<"${s_qps[$n]:-}")
+			if [ -z "$qps" ]; then echo "median $load $n: no run succeeded; it is not offered more"; continue; fi
+			avg=$(median <<<"${s_avg[$n]}") p50=$(median <<<"${s_p50[$n]}") p99=$(median <<<"${s_p99[$n]}")
+			ok=$(median %.1f <<<"${s_ok[$n]}") lost=$(median %.2f <<<"${s_lost[$n]}")
+			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$load" "$qps" "$avg" "${p50:--}" "${p99:--}" "$lost" "$ok" >>"$table"
+			line="median $load $n qps=$qps avg_us=$avg p50_us=${p50:--} p99_us=${p99:--} noerror=$ok% lost=$lost%"
+			if [ -n "$ref" ] && [ "$n" != dnsproxi ] && [ "$avg" -gt 0 ]; then line+=" dnsproxi/$n=$(ratio "$ref" "$avg")"; fi
+			behind=""
+			[ $((qps * 100)) -ge $((load * 95)) ] || behind+=", reached less than 95% of $load q/s"
+			[ "$lost" = 0.00 ] || behind+=", lost $lost% of its queries"
+			[ "${ok%.*}" -ge 99 ] || behind+=", under 99% of its answers NOERROR"
+			if [ -n "$behind" ]; then line+=" (fell behind:${behind#,}; not offered more)"; else still+=("$n"); fi
+			echo "$line"
+		done
+		active=("${still[@]}")
+	done
+	echo "# sweep: ${SECONDS_EACH}s runs, medians of $ROUNDS; ratio dnsproxi/peer of the average latency (below 1, dnsproxi answers sooner)"
+	echo "# table: $table"
+	if command -v gnuplot >/dev/null; then
+		cpu=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+		names=$(for n in "${order[@]}"; do printf ', %s %s' "$n" "$(version "$n")"; done)
+		title="Latency and rate reached against offered load: ${names#, }
+$(nproc) cores${cpu:+ ($cpu)}, $(date +%F), load average $(cut -d' ' -f1 <<<"$loadavg") at the start
+$PROTO, dnsperf $CLIENTS clients, at most $OUTSTANDING outstanding, ${SECONDS_EACH} s per run, median of $ROUNDS rounds, $MIX names$([ -z "$CACHE" ] || echo ", the peers' caches on")$([ "$UPSTREAMS" = 1 ] || echo ", $UPSTREAMS NSD upstreams")${PROXY_ENV:+
+dnsproxi with $PROXY_ENV}"
+		if bash "$repo/scripts/sweepplot.sh" "$table" "$OUT/sweep.png" "$title"; then echo "# plot: $OUT/sweep.png"; fi
+	fi
+	exit 0
+fi
 
 if [ -n "$RATE" ]; then unit=avg_latency_us; else unit=qps; fi
 # below: runs in latency mode that reached less than 95% of RATE; failing: runs with under 99% NOERROR
-declare -A runs below failing
+declare -A runs tails below failing
 for r in $(seq 1 "$ROUNDS"); do
 	for n in "${order[@]}"; do
-		read -r v qps ok lost other < <(measure "$n")
-		if [ "$v" = fail ]; then
-			echo "round $r $n failed: $(grep -m1 -iE 'error|fatal' "$work/dnsperf.out" || tail -n 1 "$work/dnsperf.out")"
-			continue
-		fi
-		if [ -n "$RATE" ]; then v_line="$unit=$v qps=$qps"; else v_line="$unit=$v"; fi
+		read -r qps avg p50 p99 ok lost other < <(measure "$n" "$RATE")
+		if [ "$qps" = fail ] || { [ -n "$RATE" ] && [ "$avg" = - ]; }; then failed "round $r" "$n"; continue; fi
+		if [ -n "$RATE" ]; then v=$avg v_line="$unit=$avg p99_us=$p99 qps=$qps"; else v=$qps v_line="$unit=$qps"; fi
 		echo "round $r $n $v_line noerror=$ok%${other:+ (else mostly $other)} lost=$lost%"
-		runs[$n]="${runs[$n]:-} $v"
+		runs[$n]="${runs[$n]:-} $v" tails[$n]="${tails[$n]:-} $p99"
 		if [ -n "$RATE" ] && [ $((qps * 100)) -lt $((RATE * 95)) ]; then below[$n]=$((${below[$n]:-0} + 1)); fi
 		if [ "${ok%.*}" -lt 99 ]; then failing[$n]=$((${failing[$n]:-0} + 1)); fi
 	done
 done
 
-median() { tr ' ' '\n' | sort -n | awk 'NF {a[++n] = $1} END {if (n) printf "%.0f\n", (a[int((n + 1) / 2)] + a[int(n / 2) + 1]) / 2}'; }
 echo "# median of $ROUNDS; ratio dnsproxi/peer ($([ -n "$RATE" ] && echo "latency: below 1, dnsproxi answers sooner" || echo "QPS: above 1, dnsproxi is faster"))"
 ref=$(median <<<"${runs[dnsproxi]:-}")
 for n in "${order[@]}"; do
 	m=$(median <<<"${runs[$n]:-}")
 	[ -n "$m" ] || { echo "median $n: no run succeeded"; continue; }
 	line="median $n $unit=$m"
+	[ -z "$RATE" ] || line+=" p99_us=$(median <<<"${tails[$n]}")"
 	if [ -n "$ref" ] && [ "$n" != dnsproxi ] && [ "$m" -gt 0 ]; then
-		line+=" dnsproxi/$n=$(awk -v a="$ref" -v b="$m" 'BEGIN{printf "%.2f", a / b}')"
+		line+=" dnsproxi/$n=$(ratio "$ref" "$m")"
 	fi
 	[ -z "${below[$n]:-}" ] || line+=" (in ${below[$n]} runs it reached less than 95% of $RATE QPS)"
 	[ -z "${failing[$n]:-}" ] || line+=" (in ${failing[$n]} runs under 99% of its answers were NOERROR)"
