@@ -65,8 +65,8 @@ func (l *ClientLimiter) holds(addr netip.Addr) bool {
 	s, hash := l.shardOf(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	first1, first2 := s.groupsOf(hash)
-	return s.scan(first1, k, 0).found >= 0 || s.scan(first2, k, 0).found >= 0
+	g1, g2 := s.groupsOf(hash)
+	return s.find(g1, s.matching(g1, tagOf(hash)), k) >= 0 || s.find(g2, s.matching(g2, tagOf(hash)), k) >= 0
 }
 
 func BenchmarkClientLimiter(b *testing.B) {
