@@ -380,7 +380,7 @@ func TestClientLimiterStaleRecreation(t *testing.T) {
 			k, _ := l.keyOf(addr)
 			s, hash := l.shardOf(k)
 			f1, f2 := s.groupsOf(hash)
-			if f1/s.ways == g1 && f2/s.ways == g2 && !slices.Contains(used, addr) {
+			if f1 == g1 && f2 == g2 && !slices.Contains(used, addr) {
 				used = append(used, addr)
 				return addr.String()
 			}
@@ -533,6 +533,27 @@ func TestClientLimiterTableSize(t *testing.T) {
 	}
 }
 
+// TestClientLimiterFillsEvenly offers new busy prefixes, one at a time, to
+// tables of the default size until the first one finds no slot. A new prefix
+// takes the emptier of its two groups, so the groups fill evenly and the
+// table is mostly full by then (about 3/4 of it, measured); filling the
+// first group with room before the second would overflow at 1/4 to 2/5.
+func TestClientLimiterFillsEvenly(t *testing.T) {
+	const size, want = 100_000, 60_000
+	for run := range 3 {
+		l, _ := newTestClientLimiter(t, ClientLimiterConfig{Rate: 1, Burst: 1, TableSize: size}, defaultClientShards)
+		for i := 0; l.Overflows() == 0; i++ {
+			if i == size {
+				t.Fatalf("run %d: %d new prefixes and no overflow in a table of %d", run, i, size)
+			}
+			l.Allow(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+		}
+		if l.Len() < want {
+			t.Fatalf("run %d: the first overflow came with %d of %d slots taken, want at least %d", run, l.Len(), size, want)
+		}
+	}
+}
+
 func TestClientLimiterZeroAddrSharesOverflow(t *testing.T) {
 	l, _ := newTestClientLimiter(t, ClientLimiterConfig{Rate: 1, Burst: 1}, defaultClientShards)
 	if !l.Allow(netip.Addr{}) || l.Allow(netip.Addr{}) {
@@ -641,7 +662,8 @@ func checkClientTable(t *testing.T, l *ClientLimiter) {
 		s := &l.shards[si]
 		s.mu.Lock()
 		for i, slot := range s.slots {
-			if slot.tat == emptySlot {
+			tag := s.tags[i/s.ways] >> (8 * (i % s.ways)) & 0xff
+			if tag == 0 {
 				continue
 			}
 			used++
@@ -651,8 +673,16 @@ func checkClientTable(t *testing.T, l *ClientLimiter) {
 			seen[slot.key] = true
 			home, hash := l.shardOf(slot.key)
 			f1, f2 := s.groupsOf(hash)
-			if g := i - i%s.ways; home != s || (g != f1 && g != f2) {
+			if g := i / s.ways; home != s || (g != f1 && g != f2) {
 				t.Fatalf("prefix %x in shard %d slot %d, outside its groups", slot.key, si, i)
+			}
+			if tag != tagOf(hash) {
+				t.Fatalf("prefix %x in shard %d slot %d has tag %#x, want %#x", slot.key, si, i, tag, tagOf(hash))
+			}
+		}
+		for g, word := range s.tags {
+			if unused := word &^ (s.lanes >> 7 * 0xff); unused != 0 {
+				t.Fatalf("shard %d group %d: tags %#x beyond its %d slots", si, g, word, s.ways)
 			}
 		}
 		s.mu.Unlock()
