@@ -119,8 +119,14 @@ func (s *udpSocket) close() {
 // queues it for the writer. It reports whether c was the query that reached
 // one of the socket's bounds: then the caller opens its successor.
 func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err error) {
+	flush := false
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer func() {
+		s.mu.Unlock()
+		if flush { // the system call outside the lock: the reader takes replies meanwhile
+			s.writer.Flush()
+		}
+	}()
 	if s.retired { // before closed: a retired socket closes once drained
 		return false, errRetired
 	}
@@ -140,7 +146,7 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 	}
 	// Queued under the lock: once c is in the table, a reply or the sweeper
 	// may finish and recycle it, and c.wire with it.
-	if err := s.writer.Send(netip.AddrPort{}, c.wire); err != nil {
+	if flush, err = s.writer.Queue(netip.AddrPort{}, c.wire); err != nil {
 		delete(s.pending, wire.ID(c.wire))
 		return false, err
 	}
