@@ -253,6 +253,7 @@ func (s *udpSocket) read() {
 		// read after its query's deadline is late even if it arrived just
 		// before: as the sweeper would judge it, never more kindly.
 		now := time.Now()
+		held := s.u.cfg.Replies.Hold()
 		for i := range n {
 			reply := s.reader.Packet(i)
 			if len(reply) < wire.HeaderLen {
@@ -277,5 +278,6 @@ func (s *udpSocket) read() {
 				c.finish(reply, nil)
 			}
 		}
+		batchio.Release(held)
 	}
 }

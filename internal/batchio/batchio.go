@@ -141,21 +141,22 @@ func (w *Writer) Flush() {
 	}
 }
 
-// Hold stops Send from waking the sending goroutine until Release. A
-// reader holds its socket's Writer while it answers the batch it read, so
-// that those answers go out together in one system call, not one wake-up
-// and a small batch each; it must not block while holding (its handler
-// never does), since every Send waits for its Release.
+// Hold stops Send from sending until a Release. A reader holds its
+// socket's Writer while it answers the batch it read, so that those answers
+// go out together in one system call, not one each; it must not block
+// while holding (its handler never does), since every Send waits for a
+// Release.
 func (w *Writer) Hold() { w.held.Add(1) }
 
-// Release ends a Hold. The last one sends what is queued, as Send does:
-// a reader's answers go out at once, with no goroutine to wake.
+// Release ends a Hold and sends what is queued, as Send does: a reader's
+// answers go out at once, with no goroutine to wake. It sends even while
+// others still hold the Writer, so that holders that overlap never keep a
+// packet waiting longer than one holder's batch.
 func (w *Writer) Release() {
 	// A Send that saw the hold has queued its packet by now (it reads held
 	// after queueing), or it will see none and send it itself.
-	if w.held.Add(-1) == 0 {
-		w.sendNow()
-	}
+	w.held.Add(-1)
+	w.sendNow()
 }
 
 // sendNow sends what is queued on the caller's goroutine if no one else is
