@@ -33,6 +33,7 @@ import (
 
 	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
+	"dnsproxi/internal/batchio"
 	"dnsproxi/metrics"
 	"dnsproxi/pool"
 )
@@ -152,7 +153,10 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if cfg.BreakerThreshold > 0 {
 		m.EnableBreaker() // with the breakers off, no series may read "closed"
 	}
-	ups, err := newUpstreams(cfg, clock, m, log)
+	// The upstreams' readers hold the server's UDP writers while they hand
+	// out a batch of replies: the answers leave in one system call a socket.
+	replies := new(batchio.Group)
+	ups, err := newUpstreams(cfg, clock, m, log, replies)
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +189,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		MaxTCPConns:    cfg.TCPMaxConns,
 		TCPIdleTimeout: cfg.TCPIdleTimeout,
 		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
+		Writers:        replies,
 	}
 	return a, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"dnsproxi/guard"
+	"dnsproxi/internal/batchio"
 	"dnsproxi/metrics"
 	"dnsproxi/pool"
 	"dnsproxi/upstream"
@@ -16,7 +17,8 @@ import (
 // series; then the policy, the retry budget and the hedge over them.
 // Breakers and the budget read clock; the deadlines and hedges read the
 // real clock, the one the upstream sockets' deadlines are on.
-func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.Logger) (*pool.Pool, error) {
+// replies is held by the upstreams' readers while they hand out a batch.
+func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.Logger, replies *batchio.Group) (*pool.Pool, error) {
 	names := cfg.Upstreams()
 	members := make([]pool.Member, 0, len(names))
 	clients := make([]*upstream.Upstream, 0, len(names))
@@ -27,6 +29,7 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 			Timeout:     cfg.UpstreamTimeout,
 			Disable0x20: !cfg.Upstream0x20,
 			AvoidPorts:  ownPorts(cfg),
+			Replies:     replies,
 			OnCaseFallback: func() {
 				log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
 					"upstream", name)

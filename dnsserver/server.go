@@ -24,6 +24,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"dnsproxi/internal/batchio"
 	"dnsproxi/internal/wire"
 )
 
@@ -115,6 +116,10 @@ type Server struct {
 	// than a header, or a TCP length beyond 4096; "response", "overloaded",
 	// "tcp_conn_limit", "tcp_slow_reader").
 	OnDropped func(reason string)
+	// Writers, if set, gets the UDP sockets' writers while the server
+	// serves: whoever hands out a batch of upstream replies holds it, so
+	// that the answers to those queries leave together (batchio.Group).
+	Writers *batchio.Group
 
 	udp        []*listenSocket
 	tcp        *net.TCPListener
@@ -154,6 +159,9 @@ func (s *Server) Start() error {
 		return err
 	}
 	for _, u := range s.udp {
+		if s.Writers != nil {
+			s.Writers.Add(u.writer)
+		}
 		s.wg.Add(1)
 		go s.serveUDP(u)
 	}
@@ -255,6 +263,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	for _, u := range s.udp {
+		if s.Writers != nil {
+			s.Writers.Remove(u.writer)
+		}
 		u.close()
 	}
 	s.mu.Lock()

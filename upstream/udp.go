@@ -119,8 +119,14 @@ func (s *udpSocket) close() {
 // queues it for the writer. It reports whether c was the query that reached
 // one of the socket's bounds: then the caller opens its successor.
 func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err error) {
+	flush := false
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer func() {
+		s.mu.Unlock()
+		if flush { // the system call outside the lock: the reader takes replies meanwhile
+			s.writer.Flush()
+		}
+	}()
 	if s.retired { // before closed: a retired socket closes once drained
 		return false, errRetired
 	}
@@ -140,7 +146,7 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 	}
 	// Queued under the lock: once c is in the table, a reply or the sweeper
 	// may finish and recycle it, and c.wire with it.
-	if err := s.writer.Send(netip.AddrPort{}, c.wire); err != nil {
+	if flush, err = s.writer.Queue(netip.AddrPort{}, c.wire); err != nil {
 		delete(s.pending, wire.ID(c.wire))
 		return false, err
 	}
@@ -247,6 +253,7 @@ func (s *udpSocket) read() {
 		// read after its query's deadline is late even if it arrived just
 		// before: as the sweeper would judge it, never more kindly.
 		now := time.Now()
+		held := s.u.cfg.Replies.Hold()
 		for i := range n {
 			reply := s.reader.Packet(i)
 			if len(reply) < wire.HeaderLen {
@@ -271,5 +278,6 @@ func (s *udpSocket) read() {
 				c.finish(reply, nil)
 			}
 		}
+		batchio.Release(held)
 	}
 }

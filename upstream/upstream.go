@@ -38,6 +38,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"dnsproxi/internal/batchio"
 	"dnsproxi/internal/wire"
 )
 
@@ -88,6 +89,11 @@ type Config struct {
 	OnCaseFallback func()
 
 	TCPIdle time.Duration // a TCP connection with nothing to read for this long is closed (default 10s)
+
+	// Replies, if set, is held while a UDP socket's reader hands a batch of
+	// replies to their queries: the writers the answers to those queries
+	// go out through, so that they leave together.
+	Replies *batchio.Group
 }
 
 // Stats counts what the upstream's defences against spoofing have seen

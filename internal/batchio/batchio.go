@@ -1,8 +1,9 @@
 // Package batchio moves UDP datagrams in batches: on Linux one recvmmsg or
 // sendmmsg system call carries up to MaxBatch packets, elsewhere one call
 // carries one. A Reader belongs to one goroutine; a Writer takes packets from
-// any number of goroutines and sends them from a goroutine of its own, so
-// that the packets queued while it was sending go out together.
+// any number of goroutines: one that finds it idle goes out at once on the
+// sender's goroutine, and those queued while someone was sending go out
+// together, from the Writer's own goroutine or a reader releasing its Hold.
 package batchio
 
 import (
@@ -57,8 +58,8 @@ func (r *Reader) Truncated(i int) bool { return r.cut[i] }
 // Addr returns the sender of the i-th datagram of the last Read.
 func (r *Reader) Addr(i int) netip.AddrPort { return r.addrs[i] }
 
-// Writer sends datagrams on one socket from a goroutine of its own, or
-// from a reader's when it releases a Hold.
+// Writer sends datagrams on one socket: on the sender's goroutine when it
+// is idle, else from a goroutine of its own or a reader's releasing a Hold.
 type Writer struct {
 	conn *net.UDPConn
 	wake chan struct{} // a token: there is something to send
@@ -96,52 +97,78 @@ func NewWriter(conn *net.UDPConn) (*Writer, error) {
 	return w, nil
 }
 
-// Send queues a copy of p for to (the zero AddrPort on a connected socket).
-// It never blocks; a full queue drops the packet and returns ErrQueueFull.
+// Send queues a copy of p for to (the zero AddrPort on a connected socket)
+// and sends it. It never blocks; a full queue drops the packet and returns
+// ErrQueueFull. Unless the Writer is held, a packet that finds the queue
+// empty and no one sending goes out at once on the caller's goroutine, in a
+// system call that does not wait: a lone packet waits for no goroutine to
+// wake. Otherwise it goes with the batch of whoever is sending.
 func (w *Writer) Send(to netip.AddrPort, p []byte) error {
+	first, err := w.Queue(to, p)
+	if first {
+		w.Flush()
+	}
+	return err
+}
+
+// Queue queues a copy of p for to without sending it, for a caller that
+// holds a lock of its own: it reports whether the packet was the first in
+// the queue, and then the caller must call Flush once the lock is free.
+func (w *Writer) Queue(to netip.AddrPort, p []byte) (first bool, err error) {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
-		return net.ErrClosed
+		return false, net.ErrClosed
 	}
 	if len(w.queue) >= MaxQueued {
 		w.mu.Unlock()
-		return ErrQueueFull
+		return false, ErrQueueFull
 	}
 	start := len(w.arena)
 	w.arena = append(w.arena, p...)
 	w.queue = append(w.queue, packet{to: to, start: start, end: len(w.arena)})
-	first := len(w.queue) == 1
+	first = len(w.queue) == 1
 	w.mu.Unlock()
-	if first && w.held.Load() == 0 {
-		w.wakeUp()
-	}
-	return nil
+	return first, nil
 }
 
-// Hold stops Send from waking the sending goroutine until Release. A
-// reader holds its socket's Writer while it answers the batch it read, so
-// that those answers go out together in one system call, not one wake-up
-// and a small batch each; it must not block while holding (its handler
-// never does), since every Send waits for its Release.
+// Flush sends what is queued, as Send does: at once on the caller's
+// goroutine if the Writer is not held and no one is sending, else by
+// whoever sends next. It never blocks.
+func (w *Writer) Flush() {
+	if w.held.Load() == 0 { // else the last Release sends it
+		w.sendNow()
+	}
+}
+
+// Hold stops Send from sending until a Release. A reader holds its
+// socket's Writer while it answers the batch it read, so that those answers
+// go out together in one system call, not one each; it must not block
+// while holding (its handler never does), since every Send waits for a
+// Release.
 func (w *Writer) Hold() { w.held.Add(1) }
 
-// Release ends a Hold. The last one sends what is queued on the caller's
-// goroutine if no one else is sending and the system can send without
-// waiting: a reader's answers go out at once, with no goroutine to wake.
-// Whatever the socket cannot take now, or what others are sending, is
-// left to the sending goroutine.
+// Release ends a Hold and sends what is queued, as Send does: a reader's
+// answers go out at once, with no goroutine to wake. It sends even while
+// others still hold the Writer, so that holders that overlap never keep a
+// packet waiting longer than one holder's batch.
 func (w *Writer) Release() {
-	if w.held.Add(-1) != 0 {
-		return
-	}
 	// A Send that saw the hold has queued its packet by now (it reads held
-	// after queueing), or it will see none and wake the sender itself.
+	// after queueing), or it will see none and send it itself.
+	w.held.Add(-1)
+	w.sendNow()
+}
+
+// sendNow sends what is queued on the caller's goroutine if no one else is
+// sending and the system can send without waiting, once: a caller never
+// drains what others keep queueing. Whatever the socket cannot take now,
+// or what others are sending, is left to the sending goroutine.
+func (w *Writer) sendNow() {
 	if !sendsInline || !w.sending.TryLock() {
 		w.wakeIfQueued() // run is sending: it takes the queue next
 		return
 	}
-	w.sendQueued(false) // once: a reader never drains what others keep queueing
+	w.sendQueued(false)
 	w.sending.Unlock()
 	w.wakeIfQueued()
 }

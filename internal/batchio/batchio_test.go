@@ -139,3 +139,39 @@ func TestHeldWriterSendsOneBatch(t *testing.T) {
 		t.Errorf("%d packets queued while held went out in %d system calls, want %d", n, got, want)
 	}
 }
+
+// A packet sent to an idle Writer goes out on the caller's goroutine before
+// Send returns: a lone answer waits for no goroutine to be woken and
+// scheduled. With one P, a woken sender could not have run yet.
+func TestLoneSendGoesOutAtOnce(t *testing.T) {
+	if !sendsInline {
+		t.Skip("this system sends from the Writer's goroutine")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	from, to := listen(t, "udp4", "127.0.0.1:0"), listen(t, "udp4", "127.0.0.1:0")
+	w, err := NewWriter(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dst := to.LocalAddr().(*net.UDPAddr).AddrPort()
+	for i := range 3 {
+		if err := w.Send(dst, []byte(fmt.Sprintf("packet %d", i))); err != nil {
+			t.Fatal(err)
+		}
+		if got := w.calls.Load(); got != int64(i+1) {
+			t.Fatalf("after Send %d: %d system calls made, want %d: the packet waits for the Writer's goroutine", i, got, i+1)
+		}
+	}
+	to.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	for i := range 3 {
+		k, err := to.Read(buf)
+		if err != nil {
+			t.Fatalf("after %d packets: %v", i, err)
+		}
+		if want := fmt.Sprintf("packet %d", i); string(buf[:k]) != want {
+			t.Fatalf("packet %q, want %q", buf[:k], want)
+		}
+	}
+}

@@ -1,0 +1,86 @@
+//go:build unix
+
+package upstream
+
+import (
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/internal/batchio"
+)
+
+// While a UDP socket's reader hands replies to their queries, it holds
+// Config.Replies: an answer a completion sends through a writer of that
+// group leaves when the batch is done, not from inside the completion.
+func TestReaderHoldsRepliesWhileCompleting(t *testing.T) {
+	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg { return []*dns.Msg{answer(req)} })
+	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	from, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer from.Close()
+	w, err := batchio.NewWriter(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var replies batchio.Group
+	replies.Add(w)
+	u := newUpstream(t, Config{Addr: srv.addr(), Replies: &replies, Disable0x20: true})
+
+	b, _ := q("held.example.").Pack()
+	type seen struct {
+		err       error
+		leftEarly bool // the answer reached the client before the completion returned
+	}
+	done := make(chan seen, 1)
+	u.Forward(b, "udp", func(_, reply []byte, err error) {
+		if err != nil {
+			done <- seen{err: err}
+			return
+		}
+		w.Send(sink.LocalAddr().(*net.UDPAddr).AddrPort(), reply)
+		done <- seen{leftEarly: waiting(t, sink)} // loopback delivers within the send: anything sent is there now
+	})
+	var s seen
+	select {
+	case s = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no completion within 5s")
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if s.leftEarly {
+		t.Fatal("the answer left from inside the completion: the reader did not hold Config.Replies")
+	}
+	sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := sink.Read(make([]byte, 512)); err != nil {
+		t.Fatalf("the answer never left once the batch was done: %v", err)
+	}
+}
+
+// waiting reports whether a datagram waits on c, without waiting for one
+// or taking it.
+func waiting(t *testing.T, c *net.UDPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	n := -1
+	rc.Read(func(fd uintptr) bool {
+		n, _, _ = syscall.Recvfrom(int(fd), make([]byte, 512), syscall.MSG_DONTWAIT|syscall.MSG_PEEK)
+		return true
+	})
+	return n > 0
+}
