@@ -84,7 +84,7 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 		}
 	case cache.Stale:
 		bp := getBuf()
-		putBuf(bp, p.answerCached((*bp)[:0], &f.waiters[0], h, metrics.Stale))
+		putBuf(bp, p.answerCached((*bp)[:0], &f.waiters[0], h, metrics.Stale, p.hitTook(f.waiters[0].start)))
 	case cache.Expired:
 		f.cached.fallback, f.cached.refresh = h, true
 		return false
@@ -101,25 +101,39 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 // a copy). A buffer grown past what the answer pool keeps is not kept.
 func (p *proxy) answerFresh(f *flight, h cache.Hit) {
 	wt := &f.waiters[0]
-	b := p.answerCached(f.query[:0], wt, h, metrics.Cached)
+	b := p.answerCached(f.query[:0], wt, h, metrics.Cached, p.hitTook(wt.start))
 	if cap(b) <= maxKeptBuf {
 		f.query = b[:0]
 	}
 }
 
-// writeCached answers wt from h in a buffer of the pool's (answerCached).
+// hitTook returns how long a query answered from the cache at once took
+// since start, for its metrics: 0, without reading the clock again. Its
+// time is the hit path's own, a microsecond or less (0.45 µs measured), a
+// hundredth of the request-duration histogram's first bucket (100 µs),
+// where 0 counts it too; a second reading of the clock would cost a tenth
+// of the hit. The query log, when on, gets the time as measured.
+func (p *proxy) hitTook(start time.Time) time.Duration {
+	if p.qlog == nil {
+		return 0
+	}
+	return time.Since(start)
+}
+
+// writeCached answers wt from h in a buffer of the pool's (answerCached),
+// counting the time since its query arrived: a refresh was waited for.
 func (p *proxy) writeCached(wt *waiter, h cache.Hit, o metrics.Outcome) {
 	bp := getBuf()
-	putBuf(bp, p.answerCached((*bp)[:0], wt, h, o))
+	putBuf(bp, p.answerCached((*bp)[:0], wt, h, o, time.Since(wt.start)))
 }
 
 // answerCached answers wt from h — its records, TTLs counted down
 // (StaleTTL when stale), the client's own header bits, question and OPT,
 // with EDE 3 or 19 when stale — cut to wt's size like any answer, and
-// counts outcome o. It builds the answer in dst and
+// counts outcome o, the answer taking d. It builds the answer in dst and
 // returns it, grown: the records are copied once, from the cache straight
 // into the answer, and their TTLs counted down there.
-func (p *proxy) answerCached(dst []byte, wt *waiter, h cache.Hit, o metrics.Outcome) []byte {
+func (p *proxy) answerCached(dst []byte, wt *waiter, h cache.Hit, o metrics.Outcome, d time.Duration) []byte {
 	var ede [6]byte // an EDE option: code, length, info code
 	ua := upstreamAnswer{flags: h.Flags(), records: h.Records()}
 	if h.Stale() {
@@ -135,6 +149,6 @@ func (p *proxy) answerCached(dst []byte, wt *waiter, h cache.Hit, o metrics.Outc
 		h.CountDown(b[at : at+len(ua.records)])
 	}
 	wt.w.Write(b)
-	p.record(wt.qtype, o, wt.start, wt.client, wt.question(), ua.rcodeFor(b, wt), "")
+	p.recordTook(wt.qtype, o, wt.start, d, wt.client, wt.question(), ua.rcodeFor(b, wt), "")
 	return b
 }
