@@ -11,9 +11,10 @@
 // The bytes held never exceed Config.Size: each entry counts the bytes it
 // stores (its key past what its struct holds, its records, two bytes per
 // record for where its TTL lies, rounded up to the allocator's size class)
-// plus EntryOverhead for its struct and its slot in the map, and the ghost table of each
-// shard is reserved up front. A lookup takes a shard's read lock only and
-// allocates nothing.
+// plus EntryOverhead for its struct and its slot in the map, and the ghost
+// table of each shard is reserved up front. A lookup holds a shard's read
+// lock for one map read, reads one cache line of the entry it finds
+// (entry.go), and allocates nothing.
 package cache
 
 import (
@@ -25,7 +26,7 @@ import (
 )
 
 // EntryOverhead is what an entry counts besides its stored bytes: its
-// struct (128 bytes with the allocator's rounding) and its map slot (a
+// struct (128 bytes, a size class of its own) and its map slot (a
 // key, a pointer and a control byte, 17 bytes, over a load that may fall to
 // half after the map grows).
 const EntryOverhead = 128 + 40
