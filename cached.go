@@ -76,15 +76,14 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 	h, state := c.store.Lookup(&f.key, now)
 	switch state {
 	case cache.Fresh:
-		p.answerFresh(f, h)
+		p.answerAtOnce(f, h, metrics.Cached)
 		if h.Prefetch() {
 			f.waiters[0].w = nil
 			f.cached.refresh = true
 			return false
 		}
 	case cache.Stale:
-		bp := getBuf()
-		putBuf(bp, p.answerCached((*bp)[:0], &f.waiters[0], h, metrics.Stale, p.hitTook(f.waiters[0].start)))
+		p.answerAtOnce(f, h, metrics.Stale)
 	case cache.Expired:
 		f.cached.fallback, f.cached.refresh = h, true
 		return false
@@ -95,13 +94,14 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 	return true
 }
 
-// answerFresh answers f's leader from h, a fresh hit, in f's own buffer
-// for its upstream query: nothing is sent for a hit, and a prefetch writes
-// its query over the answer only once the answer is written (a writer keeps
-// a copy). A buffer grown past what the answer pool keeps is not kept.
-func (p *proxy) answerFresh(f *flight, h cache.Hit) {
+// answerAtOnce answers f's leader from h, counted as outcome o, in f's own
+// buffer for its upstream query: nothing is sent for an answer from the
+// cache, and a prefetch writes its query over the answer only once the
+// answer is written (a writer keeps a copy). A buffer grown past what the
+// answer pool keeps is not kept.
+func (p *proxy) answerAtOnce(f *flight, h cache.Hit, o metrics.Outcome) {
 	wt := &f.waiters[0]
-	b := p.answerCached(f.query[:0], wt, h, metrics.Cached, p.hitTook(wt.start))
+	b := p.answerCached(f.query[:0], wt, h, o, p.hitTook(wt.start))
 	if cap(b) <= maxKeptBuf {
 		f.query = b[:0]
 	}
