@@ -242,9 +242,13 @@ var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1536); return 
 // getBuf returns an empty buffer to build an answer in.
 func getBuf() *[]byte { return answerBufs.Get().(*[]byte) }
 
+// maxKeptBuf is the largest buffer kept for answers: an occasional large
+// TCP answer's is not.
+const maxKeptBuf = 8192
+
 // putBuf returns b, the buffer of bp as it grew, to the pool.
 func putBuf(bp *[]byte, b []byte) {
-	if cap(b) <= 8192 { // an occasional large TCP answer is not kept
+	if cap(b) <= maxKeptBuf {
 		*bp = b[:0]
 		answerBufs.Put(bp)
 	}

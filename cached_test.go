@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -252,6 +253,55 @@ func TestCacheHitCutToClientSize(t *testing.T) {
 	}
 	if got := count(a, "TXT", "cached", 1); got != 1 {
 		t.Errorf("cached %d, want 1", got)
+	}
+}
+
+// A hit cut to a client's size keeps that client's own OPT, byte for byte:
+// the records' TTLs are counted down in the answer only when the records
+// are in it, never where the OPT lies once they are cut. The upstream
+// compresses, as real ones do, so the first record's TTL field lies 6
+// bytes past the question: where a cut answer's OPT has its version,
+// flags and length.
+func TestCacheHitCutKeepsTheClientsOPT(t *testing.T) {
+	compressed := func(req *dns.Msg, _ string) [][]byte {
+		m := fakeupstream.Answer(req)
+		m.Compress = true
+		b, _ := m.Pack()
+		return [][]byte{b}
+	}
+	for _, do := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DO=%v", do), func(t *testing.T) {
+			a, up, _ := startCaching(t, nil)
+			up.SetScript(compressed)
+			q := query("big.example.com", dns.TypeTXT)
+			q.SetEdns0(4096, do) // the key the hit is asked under: EDNS, and DO or not
+			if r := ask(t, "tcp", a.addr(), q); len(r.Answer) != 20 {
+				t.Fatalf("TCP answer with %d records, want 20", len(r.Answer))
+			}
+			q = query("big.example.com", dns.TypeTXT)
+			q.SetEdns0(512, do)
+			pkt, _ := q.Pack()
+			raw := sendRaw(t, a.addr(), pkt, 3*time.Second)
+			r := new(dns.Msg)
+			if err := r.Unpack(raw); err != nil {
+				t.Fatal(err)
+			}
+			if len(raw) > 512 || !r.Truncated || len(r.Answer) != 0 {
+				t.Fatalf("a %d-byte answer, TC %v, %d records: want TC, empty, within 512", len(raw), r.Truncated, len(r.Answer))
+			}
+			// The OPT ends the answer: root, type, size, then its TTL field
+			// (extended RCODE, version, DO and Z) and no options.
+			want := []byte{0, 0, 41, 1232 >> 8, 1232 & 0xFF, 0, 0, 0, 0, 0, 0}
+			if do {
+				want[7] = 0x80
+			}
+			if len(raw) < len(want) || !bytes.Equal(raw[len(raw)-len(want):], want) {
+				t.Errorf("OPT %x, want the proxy's own %x", raw[max(len(raw)-len(want), 0):], want)
+			}
+			if up.Total() != 1 || count(a, "TXT", "cached", 1) != 1 {
+				t.Errorf("the upstream received %d queries, want 1: the cut answer is a hit", up.Total())
+			}
+		})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,6 +80,84 @@ func TestCacheHitReadsClockOnce(t *testing.T) {
 			}
 			if reads := clock.reads.Load() - before; reads != hits {
 				t.Errorf("%d hits read the clock %d times, want %d (once each)", hits, reads, hits)
+			}
+		})
+	}
+}
+
+// requestDurations returns the request-duration histogram's count and sum.
+func requestDurations(t *testing.T, a *app) (uint64, float64) {
+	t.Helper()
+	mfs, err := a.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "dnsproxi_request_duration_seconds" {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatal("no dnsproxi_request_duration_seconds")
+	return 0, 0
+}
+
+// TestCacheHitTakesNoSecondReading proves that a hit answered at once is
+// timed without reading the clock again: it counts in the request-duration
+// histogram as taking 0 s (its own microsecond is a hundredth of the first
+// bucket), unless the query log is on, whose lines say how long it took.
+func TestCacheHitTakesNoSecondReading(t *testing.T) {
+	tests := []struct {
+		name     string
+		queryLog bool
+	}{
+		{"query log off: 0 s", false},
+		{"query log on: as measured", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := startUpstream(t)
+			cfg := withCache(testConfig(up.Addr()))
+			if tt.queryLog {
+				cfg.QueryLog = QueryLogTarget(filepath.Join(t.TempDir(), "queries.log"))
+			}
+			a, err := newApp(cfg, guard.RealClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				a.upstreams.Close()
+				if a.proxy.qlog != nil {
+					a.proxy.qlog.close()
+				}
+			})
+			srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {
+				q.Client = netip.MustParseAddrPort("127.0.0.1:5353")
+				a.proxy.handleQuery(w, q)
+			})}
+			pkt, _ := query("www.example.com.", dns.TypeA).Pack()
+			w := &waitingRecorder{done: make(chan struct{})}
+			srv.ServePacket(w, append([]byte(nil), pkt...))
+			select {
+			case <-w.done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no answer to the priming query within 5 s")
+			}
+			n0, sum0 := requestDurations(t, a)
+			const hits = 50
+			for range hits {
+				var r recorder
+				srv.ServePacket(&r, append([]byte(nil), pkt...))
+				if len(r.out) != 1 {
+					t.Fatalf("a hit got %d answers, want 1 written at once", len(r.out))
+				}
+			}
+			n, sum := requestDurations(t, a)
+			if n-n0 != hits {
+				t.Fatalf("%d hits observed %d times", hits, n-n0)
+			}
+			if measured := sum > sum0; measured != tt.queryLog {
+				t.Errorf("%d hits added %g s to the histogram's sum: measured %v, want %v", hits, sum-sum0, measured, tt.queryLog)
 			}
 		})
 	}

@@ -289,7 +289,11 @@ func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time
 // record counts one query under outcome o and, with the query log on, logs
 // it: its client, question, rcode and the upstream that answered ("" if none).
 func (p *proxy) record(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time, client netip.AddrPort, question []byte, rcode int, upstream string) {
-	d := time.Since(start)
+	p.recordTook(qtype, o, start, time.Since(start), client, question, rcode, upstream)
+}
+
+// recordTook is record for a query whose answer took d since start.
+func (p *proxy) recordTook(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time, d time.Duration, client netip.AddrPort, question []byte, rcode int, upstream string) {
 	p.metrics.Count(qtype, o)
 	p.metrics.RequestDuration.Observe(d.Seconds())
 	if p.qlog != nil {

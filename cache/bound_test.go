@@ -107,6 +107,61 @@ func TestEntryOverheadCoversTheStruct(t *testing.T) {
 	}
 }
 
+// TestEntryLayout keeps a lookup to one cache line of its entry and one
+// of its shard: the entry is 128 bytes, a size class the allocator starts
+// on a cache line, with everything a lookup reads in its first 64 bytes;
+// the shard is a whole number of cache lines, what a lookup reads of it
+// (its lock, map and stale window) within one.
+func TestEntryLayout(t *testing.T) {
+	var e entry
+	if s := unsafe.Sizeof(e); s != 128 {
+		t.Fatalf("an entry is %d bytes, want 128: a size class of its own, aligned to a cache line", s)
+	}
+	for _, f := range []struct {
+		name     string
+		off, len uintptr
+	}{
+		{"expires", unsafe.Offsetof(e.expires), unsafe.Sizeof(e.expires)},
+		{"ttl", unsafe.Offsetof(e.ttl), unsafe.Sizeof(e.ttl)},
+		{"freq", unsafe.Offsetof(e.freq), unsafe.Sizeof(e.freq)},
+		{"prefetched", unsafe.Offsetof(e.prefetched), unsafe.Sizeof(e.prefetched)},
+		{"keyLen", unsafe.Offsetof(e.keyLen), unsafe.Sizeof(e.keyLen)},
+		{"key", unsafe.Offsetof(e.key), unsafe.Sizeof(e.key)},
+	} {
+		if f.off+f.len > 64 {
+			t.Errorf("entry.%s lies at %d..%d, past the first cache line", f.name, f.off, f.off+f.len)
+		}
+	}
+	var s shard
+	if n := unsafe.Sizeof(s); n%64 != 0 {
+		t.Errorf("a shard is %d bytes, not a whole number of cache lines", n)
+	}
+	if end := unsafe.Offsetof(s.staleWindow) + unsafe.Sizeof(s.staleWindow); end > 64 {
+		t.Errorf("a shard's lock, map and stale window end at %d, past its first cache line", end)
+	}
+	c := newCache(t, Config{Size: 4 << 20})
+	zn := newNames(t, 'l')
+	var k wire.Key
+	var buf []byte
+	for i := range 100 {
+		buf = zn.reply(buf, &k, i)
+		if err := c.Store(&k, buf, t0); err != nil {
+			t.Fatal(err)
+		}
+		h, _ := c.Lookup(&k, t0)
+		if a := uintptr(unsafe.Pointer(h.e)); a%64 != 0 {
+			t.Fatalf("an entry at %#x does not start a cache line", a)
+		}
+	}
+	for i := range c.shards {
+		s := &c.shards[i]
+		first, last := uintptr(unsafe.Pointer(&s.mu)), uintptr(unsafe.Pointer(&s.staleWindow))+7
+		if first/64 != last/64 {
+			t.Fatalf("shard %d: its lock, map and stale window lie at %#x..%#x, across two cache lines", i, first, last)
+		}
+	}
+}
+
 // TestHeapWithinBound measures the Go heap a full cache holds against
 // what it counts: the bound must be an upper bound on real memory.
 func TestHeapWithinBound(t *testing.T) {

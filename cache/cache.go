@@ -9,24 +9,24 @@
 // an answer from in hit.go.
 //
 // The bytes held never exceed Config.Size: each entry counts the bytes it
-// stores (its key, its records, two bytes per record for where its TTL
-// lies, rounded up to the allocator's size class) plus EntryOverhead for
-// its bookkeeping and its slot in the map, and the ghost table of each
-// shard is reserved up front. A lookup takes a shard's read lock only and
-// allocates nothing.
+// stores (its key past what its struct holds, its records, two bytes per
+// record for where its TTL lies, rounded up to the allocator's size class)
+// plus EntryOverhead for its struct and its slot in the map, and the ghost
+// table of each shard is reserved up front. A lookup holds a shard's read
+// lock for one map read, reads one cache line of the entry it finds
+// (entry.go), and allocates nothing.
 package cache
 
 import (
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"dnsproxi/internal/wire"
 )
 
 // EntryOverhead is what an entry counts besides its stored bytes: its
-// struct (128 bytes with the allocator's rounding) and its map slot (a
+// struct (128 bytes, a size class of its own) and its map slot (a
 // key, a pointer and a control byte, 17 bytes, over a load that may fall to
 // half after the map grows).
 const EntryOverhead = 128 + 40
@@ -84,37 +84,18 @@ type Cache struct {
 	mask   uint64
 }
 
-// shard is one lock's share of the cache.
+// shard is one lock's share of the cache: 256 bytes, what a lookup reads
+// (its lock and map) first, so a lookup touches one of its cache lines and
+// neighbouring shards' locks never share one (TestEntryLayout).
 type shard struct {
 	mu          sync.RWMutex
 	m           map[uint64]*entry
+	staleWindow int64
 	small, main queue
 	ghost       ghost
 	budget      int64 // bytes the entries may count
 	evictions   uint64
-	staleWindow int64
-	_           [64]byte // keeps neighbouring shards' locks off one cache line
-}
-
-// entry is one stored answer. Everything but freq, recheck, prefetched and
-// the queue fields is set before it is shared and never changed.
-type entry struct {
-	hash       uint64
-	data       []byte // the key's bytes, the records, each TTL field's offset (2 bytes)
-	keyLen     uint16
-	recLen     uint16
-	flags      uint16
-	an, ns, ar uint16
-	negative   bool
-	where      uint8 // the queue it is on; guarded by the shard's lock
-	ttl        uint32
-	stored     int64 // when, as mono returns it
-	expires    int64
-	cost       int64
-	recheck    atomic.Int64 // until when a failed refresh is not retried; 0 none
-	freq       atomic.Uint32
-	prefetched atomic.Bool
-	prev, next *entry // guarded by the shard's lock
+	_           [256 - 144]byte
 }
 
 // New returns an empty cache, or an error wrapping ErrConfig for a field
@@ -150,40 +131,19 @@ func mono(now time.Time) int64 { return int64(now.Sub(epoch)) }
 
 func (c *Cache) shardOf(h uint64) *shard { return &c.shards[h&c.mask] }
 
-// sameKey reports whether e and o are stored under the same key.
-func (e *entry) sameKey(o *entry) bool { return string(e.key()) == string(o.key()) }
-
-func (e *entry) key() []byte { return e.data[:e.keyLen] }
-
-// dead reports whether e is past its stale window at now.
-func (e *entry) dead(now, staleWindow int64) bool { return now >= e.expires+staleWindow }
-
-// touch counts a hit on e, up to maxFreq; at the cap it writes nothing,
-// so the hottest entries do not bounce their cache line between cores.
-func (e *entry) touch() {
-	if f := e.freq.Load(); f < maxFreq {
-		e.freq.CompareAndSwap(f, f+1)
-	}
-}
-
 // Lookup returns what the cache holds for k at now, and what to do with it
 // (State). It allocates nothing.
 func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
+	t := mono(now)
 	s := c.shardOf(k.Hash)
 	s.mu.RLock()
-	e := s.m[k.Hash]
-	if e == nil || string(e.key()) != string(k.Bytes()) {
-		s.mu.RUnlock()
-		return Hit{}, Miss
-	}
-	t := mono(now)
-	if e.dead(t, s.staleWindow) {
-		s.mu.RUnlock()
+	e := s.m[k.Hash] // its fields a lookup reads are set before it is shared, or atomic
+	s.mu.RUnlock()
+	if e == nil || !e.holds(k.Bytes()) || e.dead(t, s.staleWindow) {
 		return Hit{}, Miss
 	}
 	e.touch()
-	s.mu.RUnlock()
-	h := Hit{e: e, age: uint32(max(t-e.stored, 0) / int64(time.Second))}
+	h := Hit{e: e, age: uint32(max(t-e.stored(), 0) / int64(time.Second))}
 	if t < e.expires {
 		h.prefetch = c.cfg.Prefetch && t >= e.expires-int64(e.ttl)*int64(time.Second)/10 && e.prefetched.CompareAndSwap(false, true)
 		return h, Fresh
@@ -204,17 +164,13 @@ func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	tail := key[min(len(key), inlineKey):]
 	n := r.an + r.ns + r.ar
-	data := slices.Grow([]byte(nil), len(key)+r.end-r.start+2*n) // rounded up to its size class
-	data = append(data, key...)
+	data := slices.Grow([]byte(nil), len(tail)+r.end-r.start+2*n) // rounded up to its size class
+	data = append(data, tail...)
 	data = r.appendRecords(data, reply, &c.cfg)
 	t := mono(now)
-	e := &entry{
-		hash: k.Hash, data: data, keyLen: uint16(len(key)), recLen: uint16(r.end - r.start),
-		flags: r.flags, an: uint16(r.an), ns: uint16(r.ns), ar: uint16(r.ar), negative: r.negative,
-		ttl: r.ttl, stored: t, expires: t + int64(r.ttl)*int64(time.Second),
-		cost: int64(cap(data)) + EntryOverhead,
-	}
+	e := newEntry(k.Hash, key, data, &r, t)
 	s := c.shardOf(k.Hash) // MinSize gives every shard room for the largest message
 	s.mu.Lock()
 	s.insert(e, t)
@@ -229,10 +185,10 @@ func (c *Cache) RefreshFailed(k *wire.Key, now time.Time) {
 	s := c.shardOf(k.Hash)
 	s.mu.RLock()
 	e := s.m[k.Hash]
-	if e != nil && string(e.key()) == string(k.Bytes()) {
+	s.mu.RUnlock()
+	if e != nil && e.holds(k.Bytes()) {
 		e.recheck.Store(mono(now) + int64(RecheckAfter))
 	}
-	s.mu.RUnlock()
 }
 
 // Flush empties the cache.

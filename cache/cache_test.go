@@ -59,7 +59,7 @@ func TestCountDown(t *testing.T) {
 			}
 			masked := func(b []byte) []byte {
 				b = slices.Clone(b)
-				offs := h.e.data[int(h.e.keyLen)+int(h.e.recLen):]
+				offs := h.e.offsets()
 				for i := 0; i < len(offs); i += 2 {
 					copy(b[binary.BigEndian.Uint16(offs[i:]):], []byte{0, 0, 0, 0})
 				}

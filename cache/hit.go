@@ -32,7 +32,7 @@ func (h Hit) Flags() uint16 { return h.e.flags }
 func (h Hit) Counts() (an, ns, ar int) { return int(h.e.an), int(h.e.ns), int(h.e.ar) }
 
 // Negative reports whether the answer is NXDOMAIN or NODATA.
-func (h Hit) Negative() bool { return h.e.negative }
+func (h Hit) Negative() bool { return h.e.negative() }
 
 // Stale reports whether the answer is past its TTL: its records say
 // StaleTTL, and it carries the EDE StaleEDE gives.
@@ -52,37 +52,38 @@ func (h Hit) TTL() uint32 {
 }
 
 // Len returns the length of the records AppendRecords appends.
-func (h Hit) Len() int { return int(h.e.recLen) }
+func (h Hit) Len() int { return len(h.e.records()) }
 
 // AppendRecords appends the records to dst, every TTL counted down by the
 // entry's age (StaleTTL each when stale), and returns the extended slice.
 // It allocates only if dst has no room.
 func (h Hit) AppendRecords(dst []byte) []byte {
 	start := len(dst)
-	dst = append(dst, h.records()...)
+	dst = append(dst, h.e.records()...)
 	h.CountDown(dst[start:])
 	return dst
 }
 
-// CountDown rewrites the TTL of every record in recs, a copy of the
-// records AppendRecords gives, for this hit: for a proxy that copies them
-// itself.
+// Records returns the stored records as they are, every TTL as at age 0:
+// for a proxy that copies them into its answer itself and then calls
+// CountDown on its copy, so they are copied once. The slice is the cache's
+// own, shared by every hit: never write to it.
+func (h Hit) Records() []byte { return h.e.records() }
+
+// CountDown rewrites the TTL of every record in recs, an unchanged copy of
+// the records Records gives, for this hit: what AppendRecords does after
+// its copy.
 func (h Hit) CountDown(recs []byte) {
-	offsets := h.e.data[int(h.e.keyLen)+int(h.e.recLen):]
-	for i := 0; i+1 < len(offsets); i += 2 {
-		at := int(binary.BigEndian.Uint16(offsets[i:]))
+	for offsets := h.e.offsets(); len(offsets) >= 2; offsets = offsets[2:] {
+		at := int(binary.BigEndian.Uint16(offsets))
+		field := recs[at : at+4]
 		ttl := uint32(StaleTTL)
 		if !h.stale {
-			ttl = binary.BigEndian.Uint32(h.e.data[int(h.e.keyLen)+at:])
+			ttl = binary.BigEndian.Uint32(field)
 			ttl -= min(ttl, h.age)
 		}
-		binary.BigEndian.PutUint32(recs[at:], ttl)
+		binary.BigEndian.PutUint32(field, ttl)
 	}
-}
-
-// records returns the stored records, TTLs at age 0. Never write to them.
-func (h Hit) records() []byte {
-	return h.e.data[h.e.keyLen : int(h.e.keyLen)+int(h.e.recLen)]
 }
 
 // StaleEDE returns the Extended DNS Error info code of this answer served

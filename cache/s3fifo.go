@@ -52,7 +52,7 @@ func (q *queue) pushHead(e *entry) {
 		q.tail = e
 	}
 	q.head = e
-	q.bytes += e.cost
+	q.bytes += e.cost()
 	q.len++
 }
 
@@ -69,7 +69,7 @@ func (q *queue) remove(e *entry) {
 		q.tail = e.prev
 	}
 	e.prev, e.next = nil, nil
-	q.bytes -= e.cost
+	q.bytes -= e.cost()
 	q.len--
 }
 

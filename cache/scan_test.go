@@ -148,7 +148,7 @@ func checkInvariants(t testing.TB, c *Cache) {
 					t.Errorf("shard %d: an entry in a queue is not in the map, or on another queue", i)
 				}
 				qn++
-				qb += e.cost
+				qb += e.cost()
 			}
 			if qn != q.len || qb != q.bytes {
 				t.Errorf("shard %d: queue of %d entries, %d bytes, says %d, %d", i, qn, qb, q.len, q.bytes)
