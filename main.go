@@ -155,8 +155,10 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	}
 	// The upstreams' readers hold the server's UDP writers while they hand
 	// out a batch of replies: the answers leave in one system call a socket.
-	replies := new(batchio.Group)
-	ups, err := newUpstreams(cfg, clock, m, log, replies)
+	// The server's readers hold the upstreams' UDP writers while they serve
+	// a batch of queries: the queries forwarded leave together.
+	replies, queries := new(batchio.Group), new(batchio.Group)
+	ups, err := newUpstreams(cfg, clock, m, log, replies, queries)
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +192,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		TCPIdleTimeout: cfg.TCPIdleTimeout,
 		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
 		Writers:        replies,
+		Forwards:       queries,
 	}
 	return a, nil
 }

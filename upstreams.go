@@ -17,8 +17,9 @@ import (
 // series; then the policy, the retry budget and the hedge over them.
 // Breakers and the budget read clock; the deadlines and hedges read the
 // real clock, the one the upstream sockets' deadlines are on.
-// replies is held by the upstreams' readers while they hand out a batch.
-func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.Logger, replies *batchio.Group) (*pool.Pool, error) {
+// replies is held by the upstreams' readers while they hand out a batch;
+// queries gets the upstreams' UDP writers.
+func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.Logger, replies, queries *batchio.Group) (*pool.Pool, error) {
 	names := cfg.Upstreams()
 	members := make([]pool.Member, 0, len(names))
 	clients := make([]*upstream.Upstream, 0, len(names))
@@ -30,6 +31,7 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 			Disable0x20: !cfg.Upstream0x20,
 			AvoidPorts:  ownPorts(cfg),
 			Replies:     replies,
+			Queries:     queries,
 			OnCaseFallback: func() {
 				log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
 					"upstream", name)

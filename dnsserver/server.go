@@ -120,6 +120,10 @@ type Server struct {
 	// serves: whoever hands out a batch of upstream replies holds it, so
 	// that the answers to those queries leave together (batchio.Group).
 	Writers *batchio.Group
+	// Forwards, if set, is held while a UDP reader serves a batch of
+	// queries: the writers the queries are forwarded through, so that
+	// those forwarded together leave in one system call a socket.
+	Forwards *batchio.Group
 
 	udp        []*listenSocket
 	tcp        *net.TCPListener

@@ -78,6 +78,7 @@ func (s *Server) serveUDP(u *listenSocket) {
 			continue // a transient error (ICMP unreachable from an earlier reply): keep serving
 		}
 		u.writer.Hold()
+		forwards := s.Forwards.Hold()
 		for i := range n {
 			to := u.reader.Addr(i)
 			w := &udpWriter{out: u.writer, to: to}
@@ -89,6 +90,7 @@ func (s *Server) serveUDP(u *listenSocket) {
 			}
 			s.serve(w, &w.q, u.reader.Packet(i), "udp", client)
 		}
+		batchio.Release(forwards)
 		u.writer.Release()
 	}
 }

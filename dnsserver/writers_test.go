@@ -1,9 +1,15 @@
+//go:build unix
+
 package dnsserver
 
 import (
 	"context"
+	"net"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"dnsproxi/internal/batchio"
 )
@@ -27,4 +33,71 @@ func TestServerJoinsItsWritersGroup(t *testing.T) {
 	if held := g.Hold(); len(held) != 0 {
 		t.Fatalf("the group still holds %d writers after Shutdown", len(held))
 	}
+}
+
+// While a UDP reader serves a batch of queries it holds Forwards: a query
+// the handler forwards through a writer of that group leaves when the
+// batch is served, not from inside the handler.
+func TestReaderHoldsForwardsWhileServing(t *testing.T) {
+	sink := listenUDP4(t)
+	w, err := batchio.NewWriter(listenUDP4(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var forwards batchio.Group
+	forwards.Add(w)
+	leftEarly := make(chan bool, 1)
+	addr := startServer(t, &Server{Forwards: &forwards, Handler: HandlerFunc(func(rw ResponseWriter, q *Query) {
+		w.Send(sink.LocalAddr().(*net.UDPAddr).AddrPort(), q.Wire)
+		leftEarly <- datagramWaiting(t, sink) // loopback delivers within the send: anything sent is there now
+		rw.Drop()
+	})})
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("held.example.", dns.TypeA)
+	b, _ := m.Pack()
+	c.Write(b)
+	select {
+	case early := <-leftEarly:
+		if early {
+			t.Fatal("the forwarded query left from inside the handler: the reader did not hold Forwards")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler never ran")
+	}
+	sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := sink.Read(make([]byte, 512)); err != nil {
+		t.Fatalf("the forwarded query never left once the batch was served: %v", err)
+	}
+}
+
+func listenUDP4(t *testing.T) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// datagramWaiting reports whether a datagram waits on c, without waiting
+// for one or taking it.
+func datagramWaiting(t *testing.T, c *net.UDPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	n := -1
+	rc.Read(func(fd uintptr) bool {
+		n, _, _ = syscall.Recvfrom(int(fd), make([]byte, 512), syscall.MSG_DONTWAIT|syscall.MSG_PEEK)
+		return true
+	})
+	return n > 0
 }

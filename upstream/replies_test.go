@@ -3,6 +3,7 @@
 package upstream
 
 import (
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -83,4 +84,41 @@ func waiting(t *testing.T, c *net.UDPConn) bool {
 		return true
 	})
 	return n > 0
+}
+
+// Each open UDP socket's writer is in Config.Queries, and leaves it when
+// the socket closes: a rotated socket's successor takes its place.
+func TestSocketsJoinQueries(t *testing.T) {
+	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg { return []*dns.Msg{answer(req)} })
+	var queries batchio.Group
+	u, err := New(Config{Addr: srv.addr(), Queries: &queries, UDPSockets: 3, SocketQueries: 2, Disable0x20: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() int { h := queries.Hold(); batchio.Release(h); return len(h) }
+	if n := count(); n != 3 {
+		t.Fatalf("%d writers in Queries with 3 sockets open, want 3", n)
+	}
+	done := make(chan error, 12)
+	for i := range 12 { // every socket reaches its bound and rotates
+		b, _ := q(fmt.Sprintf("r%d.example.", i)).Pack()
+		u.Forward(b, "udp", func(_, _ []byte, err error) { done <- err })
+	}
+	for range 12 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no answer within 5s")
+		}
+	}
+	if st := u.Stats(); st.Rotations == 0 {
+		t.Fatalf("no socket rotated: %+v", st)
+	}
+	u.Close()
+	if n := count(); n != 0 {
+		t.Fatalf("%d writers left in Queries after Close, want 0", n)
+	}
 }

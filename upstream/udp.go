@@ -73,6 +73,9 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr, now time.Time) (*udpSocket, error)
 	}
 	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(pending),
 		expires: now.Add(u.cfg.SocketLifetime)}
+	if u.cfg.Queries != nil {
+		u.cfg.Queries.Add(w)
+	}
 	go s.read()
 	return s, nil
 }
@@ -107,6 +110,9 @@ func (s *udpSocket) close() {
 	s.closed = true
 	left := s.pending.takeAll(nil)
 	s.mu.Unlock()
+	if s.u.cfg.Queries != nil {
+		s.u.cfg.Queries.Remove(s.writer)
+	}
 	s.writer.Close()
 	s.conn.Close()
 	<-s.done

@@ -94,6 +94,10 @@ type Config struct {
 	// replies to their queries: the writers the answers to those queries
 	// go out through, so that they leave together.
 	Replies *batchio.Group
+	// Queries, if set, gets each UDP socket's writer while the socket is
+	// open: whoever forwards a batch of queries holds it, so that they
+	// leave in one system call a socket.
+	Queries *batchio.Group
 }
 
 // Stats counts what the upstream's defences against spoofing have seen

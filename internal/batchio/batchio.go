@@ -70,8 +70,9 @@ type Writer struct {
 	closed  bool
 	stopped chan struct{}
 
-	held  atomic.Int32 // Holds not yet released: Send does not wake run
-	calls atomic.Int64 // system calls made, for the tests
+	held   atomic.Int32 // Holds not yet released: Send does not send
+	queued atomic.Int32 // len(queue), for a Release to see at once that there is nothing to send
+	calls  atomic.Int64 // system calls made, for the tests
 
 	// sending is held by whoever takes the queue out and sends it: run, or
 	// a Release that finds it free. It guards sys and the two below, the
@@ -127,6 +128,7 @@ func (w *Writer) Queue(to netip.AddrPort, p []byte) (first bool, err error) {
 	start := len(w.arena)
 	w.arena = append(w.arena, p...)
 	w.queue = append(w.queue, packet{to: to, start: start, end: len(w.arena)})
+	w.queued.Store(int32(len(w.queue))) // before the caller reads held: see Release
 	first = len(w.queue) == 1
 	w.mu.Unlock()
 	return first, nil
@@ -153,10 +155,13 @@ func (w *Writer) Hold() { w.held.Add(1) }
 // others still hold the Writer, so that holders that overlap never keep a
 // packet waiting longer than one holder's batch.
 func (w *Writer) Release() {
-	// A Send that saw the hold has queued its packet by now (it reads held
-	// after queueing), or it will see none and send it itself.
+	// A Send stores queued before it reads held, and this reads queued
+	// after it lowers held: a Send that saw the hold has queued its packet
+	// where this sees it, or it sees no hold and sends the packet itself.
 	w.held.Add(-1)
-	w.sendNow()
+	if w.queued.Load() != 0 {
+		w.sendNow()
+	}
 }
 
 // sendNow sends what is queued on the caller's goroutine if no one else is
@@ -175,10 +180,7 @@ func (w *Writer) sendNow() {
 
 // wakeIfQueued wakes run if anything is queued.
 func (w *Writer) wakeIfQueued() {
-	w.mu.Lock()
-	queued := len(w.queue) > 0
-	w.mu.Unlock()
-	if queued {
+	if w.queued.Load() != 0 {
 		w.wakeUp()
 	}
 }
@@ -235,6 +237,7 @@ func (w *Writer) sendQueued(wait bool) (took, closedEmpty bool) {
 	queue, arena := w.queue, w.arena
 	w.queue, w.arena = w.sentQueue[:0], w.sentArena[:0]
 	w.sentQueue, w.sentArena = queue, arena
+	w.queued.Store(0)
 	closed := w.closed
 	w.mu.Unlock()
 	if len(queue) == 0 {
@@ -261,5 +264,6 @@ func (w *Writer) requeue(ps []packet, arena []byte) {
 		w.arena = append(w.arena, arena[p.start:p.end]...)
 		w.queue = append(w.queue, packet{to: p.to, start: start, end: len(w.arena)})
 	}
+	w.queued.Store(int32(len(w.queue)))
 	w.mu.Unlock()
 }
