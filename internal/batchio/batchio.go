@@ -138,7 +138,7 @@ func (w *Writer) Queue(to netip.AddrPort, p []byte) (first bool, err error) {
 // goroutine if the Writer is not held and no one is sending, else by
 // whoever sends next. It never blocks.
 func (w *Writer) Flush() {
-	if w.held.Load() == 0 { // else the last Release sends it
+	if w.held.Load() == 0 { // else the holder's Release sends it
 		w.sendNow()
 	}
 }
