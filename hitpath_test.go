@@ -143,7 +143,15 @@ func TestCacheHitTakesNoSecondReading(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("no answer to the priming query within 5 s")
 			}
+			// The priming query is recorded after its answer is written: wait
+			// for it to be counted before taking the baseline.
 			n0, sum0 := requestDurations(t, a)
+			for deadline := time.Now().Add(5 * time.Second); n0 < 1; n0, sum0 = requestDurations(t, a) {
+				if time.Now().After(deadline) {
+					t.Fatal("the priming query was never counted in the request-duration histogram")
+				}
+				time.Sleep(time.Millisecond)
+			}
 			const hits = 50
 			for range hits {
 				var r recorder
