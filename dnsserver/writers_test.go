@@ -5,13 +5,13 @@ package dnsserver
 import (
 	"context"
 	"net"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 
 	"dnsproxi/internal/batchio"
+	"dnsproxi/internal/udptest"
 )
 
 // A server given a writers group puts each UDP socket's writer in it while
@@ -39,8 +39,8 @@ func TestServerJoinsItsWritersGroup(t *testing.T) {
 // the handler forwards through a writer of that group leaves when the
 // batch is served, not from inside the handler.
 func TestReaderHoldsForwardsWhileServing(t *testing.T) {
-	sink := listenUDP4(t)
-	w, err := batchio.NewWriter(listenUDP4(t))
+	sink := udptest.Listen(t)
+	w, err := batchio.NewWriter(udptest.Listen(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestReaderHoldsForwardsWhileServing(t *testing.T) {
 	leftEarly := make(chan bool, 1)
 	addr := startServer(t, &Server{Forwards: &forwards, Handler: HandlerFunc(func(rw ResponseWriter, q *Query) {
 		w.Send(sink.LocalAddr().(*net.UDPAddr).AddrPort(), q.Wire)
-		leftEarly <- datagramWaiting(t, sink) // loopback delivers within the send: anything sent is there now
+		leftEarly <- udptest.Waiting(t, sink) // loopback delivers within the send: anything sent is there now
 		rw.Drop()
 	})})
 	c, err := net.Dial("udp", addr)
@@ -74,30 +74,4 @@ func TestReaderHoldsForwardsWhileServing(t *testing.T) {
 	if _, err := sink.Read(make([]byte, 512)); err != nil {
 		t.Fatalf("the forwarded query never left once the batch was served: %v", err)
 	}
-}
-
-func listenUDP4(t *testing.T) *net.UDPConn {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// datagramWaiting reports whether a datagram waits on c, without waiting
-// for one or taking it.
-func datagramWaiting(t *testing.T, c *net.UDPConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Error(err)
-		return false
-	}
-	n := -1
-	rc.Read(func(fd uintptr) bool {
-		n, _, _ = syscall.Recvfrom(int(fd), make([]byte, 512), syscall.MSG_DONTWAIT|syscall.MSG_PEEK)
-		return true
-	})
-	return n > 0
 }

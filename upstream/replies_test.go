@@ -5,13 +5,13 @@ package upstream
 import (
 	"fmt"
 	"net"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 
 	"dnsproxi/internal/batchio"
+	"dnsproxi/internal/udptest"
 )
 
 // While a UDP socket's reader hands replies to their queries, it holds
@@ -19,17 +19,8 @@ import (
 // group leaves when the batch is done, not from inside the completion.
 func TestReaderHoldsRepliesWhileCompleting(t *testing.T) {
 	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg { return []*dns.Msg{answer(req)} })
-	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	from, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer from.Close()
-	w, err := batchio.NewWriter(from)
+	sink := udptest.Listen(t)
+	w, err := batchio.NewWriter(udptest.Listen(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +41,7 @@ func TestReaderHoldsRepliesWhileCompleting(t *testing.T) {
 			return
 		}
 		w.Send(sink.LocalAddr().(*net.UDPAddr).AddrPort(), reply)
-		done <- seen{leftEarly: waiting(t, sink)} // loopback delivers within the send: anything sent is there now
+		done <- seen{leftEarly: udptest.Waiting(t, sink)} // loopback delivers within the send: anything sent is there now
 	})
 	var s seen
 	select {
@@ -68,22 +59,6 @@ func TestReaderHoldsRepliesWhileCompleting(t *testing.T) {
 	if _, err := sink.Read(make([]byte, 512)); err != nil {
 		t.Fatalf("the answer never left once the batch was done: %v", err)
 	}
-}
-
-// waiting reports whether a datagram waits on c, without waiting for one
-// or taking it.
-func waiting(t *testing.T, c *net.UDPConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Error(err)
-		return false
-	}
-	n := -1
-	rc.Read(func(fd uintptr) bool {
-		n, _, _ = syscall.Recvfrom(int(fd), make([]byte, 512), syscall.MSG_DONTWAIT|syscall.MSG_PEEK)
-		return true
-	})
-	return n > 0
 }
 
 // Each open UDP socket's writer is in Config.Queries, and leaves it when
