@@ -106,6 +106,23 @@ func BenchmarkUDPPath(b *testing.B) {
 			roundTrip(b, c, wire, buf, id)
 		}
 	})
+	// "serial-unique" asks a new name every time, as a load test's list of
+	// names does: no answer is shared, every query is a flight of its own.
+	b.Run("serial-unique", func(b *testing.B) {
+		c := dialBench(b, on)
+		defer c.Close()
+		buf := make([]byte, 65535)
+		uq := append([]byte(nil), wire...)
+		label := uq[12:] // the question's first label, "www": its three letters vary
+		b.ReportAllocs()
+		id, n := uint16(0), 0
+		for b.Loop() {
+			id++
+			n++
+			label[1], label[2], label[3] = 'a'+byte(n%26), 'a'+byte(n/26%26), 'a'+byte(n/676%26)
+			roundTrip(b, c, uq, buf, id)
+		}
+	})
 	for _, tt := range []struct{ name, addr string }{{"parallel-gates-off", off}, {"parallel-gates-on", on}} {
 		b.Run(tt.name, func(b *testing.B) {
 			b.ReportAllocs()
