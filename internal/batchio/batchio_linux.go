@@ -19,6 +19,11 @@ type readerSys struct {
 	recvFn func(fd uintptr) bool // s.recv, made once: a closure per call would allocate
 	n      int                   // what recv got
 	err    error
+	// dirty is how many headers, from the first, the kernel may have written
+	// since they were last made ready: recv readies only those. At moderate
+	// load most calls bring a packet or two, and readying all 64 every call
+	// cost more than the rest of the read.
+	dirty int
 }
 
 func (s *readerSys) init(r *Reader) error {
@@ -35,6 +40,7 @@ func (s *readerSys) init(r *Reader) error {
 		s.hdrs[i].Hdr.Iov = &s.iovs[i]
 		s.hdrs[i].Hdr.SetIovlen(1)
 		s.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+		s.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
 	}
 	return nil
 }
@@ -56,20 +62,27 @@ func (s *readerSys) read(r *Reader) (int, error) {
 }
 
 // recv makes one recvmmsg call; it returns false to wait until the socket is readable.
+//
+// The kernel writes a header's lengths and flags only for a message it
+// received: a call that returns n wrote the first n, a call that fails
+// wrote none (any other error is treated as having written them all).
 func (s *readerSys) recv(fd uintptr) bool {
-	for i := range s.hdrs {
+	for i := range s.dirty {
 		s.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
 		s.hdrs[i].Hdr.Flags = 0
 	}
+	s.dirty = 0
 	r1, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)),
 		unix.MSG_DONTWAIT, 0, 0) // raw: it never waits (see send)
 	switch e {
 	case 0:
 		s.n = int(r1)
+		s.dirty = s.n
 	case unix.EAGAIN, unix.EINTR:
 		return false
 	default:
 		s.err = e
+		s.dirty = len(s.hdrs)
 	}
 	return true
 }
