@@ -42,7 +42,7 @@ type flight struct {
 	shared  bool // in the table: others may join until it lands
 	next    *flight
 	waiters []waiter // [0] is the leader; the rest join under the shard's lock
-	done    upstream.Result
+	done    upstream.ResultAt
 	query   []byte      // what is sent upstream
 	cached  flightCache // its part in the answer cache (stale.go)
 }

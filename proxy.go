@@ -156,13 +156,16 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	}
 	f.query = p.appendUpstreamQuery(f.query[:0], q)
 	p.armStaleWait(f) // an expired entry's refresh: stale after DNS_CACHE_STALE_WAIT (stale.go)
-	x.Forward(f.query, q.Net, f.done)
+	// The pool is on the real clock, as start is: the query's deadline counts
+	// from the moment it was read, and the pool and the upstream read the
+	// clock no more for it.
+	x.ForwardAt(start, f.query, q.Net, f.done)
 }
 
-// land is a flight's completion: it answers every waiter, each with its
-// own answer. The query leaves DNS_MAX_INFLIGHT here, even while an
-// attempt it no longer needs is still out.
-func (f *flight) land(_, reply []byte, err error) {
+// land is a flight's completion, known at now: it answers every waiter,
+// each with its own answer. The query leaves DNS_MAX_INFLIGHT here, even
+// while an attempt it no longer needs is still out.
+func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	p := f.p
 	p.leave()
 	if f.shared {
@@ -199,17 +202,22 @@ func (f *flight) land(_, reply []byte, err error) {
 		if ok {
 			b = ua.appendFor(b[:0], wt, p.udpSize())
 			wt.w.Write(b)
-			p.record(wt.qtype, metrics.Forwarded, wt.start, wt.client, wt.question(), ua.rcodeFor(b, wt), p.upstreamFor)
+			p.recordTook(wt.qtype, metrics.Forwarded, wt.start, took(now, wt.start), wt.client, wt.question(), ua.rcodeFor(b, wt), p.upstreamFor)
 			continue
 		}
 		// A failure, or a reply whose records cannot be walked: SERVFAIL.
 		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure, failed)
 		wt.w.Write(b)
-		p.record(wt.qtype, metrics.UpstreamError, wt.start, wt.client, wt.question(), dns.RcodeServerFailure, p.upstreamFor)
+		p.recordTook(wt.qtype, metrics.UpstreamError, wt.start, took(now, wt.start), wt.client, wt.question(), dns.RcodeServerFailure, p.upstreamFor)
 	}
 	putBuf(bp, b)
 	f.recycle()
 }
+
+// took is how long a waiter that came in at start waited for an outcome
+// known at now: never less than 0, for one that joined its flight after
+// the reply was read and before the flight left the table.
+func took(now, start time.Time) time.Duration { return max(now.Sub(start), 0) }
 
 // appendUpstreamQuery appends the query sent upstream for q: q's question
 // (upstream randomises its case and restores it) and RD and CD, AD set to

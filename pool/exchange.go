@@ -45,8 +45,9 @@ type Exchange struct {
 	query    []byte // a copy: retries and hedges send it again
 	network  string
 	deadline time.Time
-	start    int // where an extra attempt's scan starts (policy.go)
-	done     upstream.Result
+	start    int               // where an extra attempt's scan starts (policy.go)
+	done     upstream.Result   // the caller's report: this...
+	doneAt   upstream.ResultAt // ...or this (ForwardAt)
 
 	// Guarded by mu.
 	tried    uint32 // a bit per upstream an attempt went to
@@ -64,16 +65,18 @@ type Exchange struct {
 // attempt is one send of the query to one upstream. Its fields are written
 // before the send and read by its report.
 type attempt struct {
-	member int
-	permit guard.Permit
-	sent   time.Time
-	report upstream.Result // made once per Exchange, not once per query
+	member   int
+	permit   guard.Permit
+	sent     time.Time
+	report   upstream.Result   // made once per Exchange, not once per query
+	reportAt upstream.ResultAt // the same, from a ForwarderAt: it brings the clock reading
 }
 
 func newExchange(p *Pool) *Exchange {
 	x := &Exchange{p: p}
 	for i := range x.att {
-		x.att[i].report = func(_, reply []byte, err error) { x.land(i, reply, err) }
+		x.att[i].report = func(_, reply []byte, err error) { x.land(i, p.now(), reply, err) }
+		x.att[i].reportAt = func(now time.Time, _, reply []byte, err error) { x.land(i, now, reply, err) }
 	}
 	return x
 }
@@ -92,10 +95,22 @@ func (x *Exchange) begin(i int, permit guard.Permit, start int) {
 // REFUSED answer, else the last error. query is copied; done's query is the
 // copy. After done returns, x belongs to the pool again.
 func (x *Exchange) Forward(query []byte, network string, done upstream.Result) {
+	x.forward(x.p.now(), query, network, done, nil)
+}
+
+// ForwardAt is Forward for a caller that has just read the pool's clock:
+// now, that reading, is when the query's deadline counts from, and done
+// is told the pool's reading when the outcome was known (for a reply, the
+// one its batch was read under), so that neither side reads the clock again.
+func (x *Exchange) ForwardAt(now time.Time, query []byte, network string, done upstream.ResultAt) {
+	x.forward(now, query, network, nil, done)
+}
+
+// forward is Forward and ForwardAt: exactly one of done and doneAt is set.
+func (x *Exchange) forward(now time.Time, query []byte, network string, done upstream.Result, doneAt upstream.ResultAt) {
 	p := x.p
-	now := p.now()
 	x.query = append(x.query[:0], query...)
-	x.network, x.done = network, done
+	x.network, x.done, x.doneAt = network, done, doneAt
 	x.deadline = now.Add(p.timeout)
 	a := &x.att[0]
 	a.sent = now
@@ -108,15 +123,25 @@ func (x *Exchange) Forward(query []byte, network string, done upstream.Result) {
 		x.mu.Unlock()
 		p.hedger.add(x, gen, now.Add(p.hedge))
 	}
-	p.members[a.member].up.ForwardUntil(x.query, network, x.deadline, a.report)
+	x.send(a)
 }
 
-// land is attempt i's report. It tells the attempt's breaker, then decides
-// what the query does next: report, wait for the other attempt, or retry.
-func (x *Exchange) land(i int, reply []byte, err error) {
+// send sends attempt a, sent at a.sent, to its upstream.
+func (x *Exchange) send(a *attempt) {
+	m := &x.p.members[a.member]
+	if m.at != nil {
+		m.at.ForwardAt(a.sent, x.query, x.network, x.deadline, a.reportAt)
+		return
+	}
+	m.up.ForwardUntil(x.query, x.network, x.deadline, a.report)
+}
+
+// land is attempt i's report, known at now. It tells the attempt's
+// breaker, then decides what the query does next: report, wait for the
+// other attempt, or retry.
+func (x *Exchange) land(i int, now time.Time, reply []byte, err error) {
 	p := x.p
 	a := &x.att[i]
-	now := p.now()
 	v := upstream.Judge(reply, err)
 	if v == upstream.Answer && p.valid != nil && !p.valid(x.query, reply) {
 		v, reply, err = upstream.Failure, nil, errInvalidReply
@@ -139,7 +164,7 @@ func (x *Exchange) land(i int, reply []byte, err error) {
 	case good:
 		x.finished = true
 		x.mu.Unlock()
-		x.report(reply, nil)
+		x.report(now, reply, nil)
 		return
 	case x.out > 0: // the other attempt is out: it decides
 		x.keep(reply, err)
@@ -155,11 +180,11 @@ func (x *Exchange) land(i int, reply []byte, err error) {
 	x.finished = true
 	if reply != nil { // the latest SERVFAIL or REFUSED
 		x.mu.Unlock()
-		x.report(reply, nil)
+		x.report(now, reply, nil)
 		return
 	}
 	x.mu.Unlock()
-	x.reportKept(err)
+	x.reportKept(now, err)
 }
 
 // judgeForQuery says what an attempt's result is worth to the query: good
@@ -235,7 +260,7 @@ func (x *Exchange) extend(reason Reason, tried uint32) {
 		if !x.finished && x.out == 0 {
 			x.finished = true
 			x.mu.Unlock()
-			x.reportKept(nil)
+			x.reportKept(time.Time{}, nil)
 			return
 		}
 		free := x.finished && x.reported && x.out == 0
@@ -252,7 +277,7 @@ func (x *Exchange) extend(reason Reason, tried uint32) {
 	if p.obs != nil {
 		p.obs.Retry(reason)
 	}
-	p.members[i].up.ForwardUntil(x.query, x.network, x.deadline, a.report)
+	x.send(a)
 }
 
 // hedge is the hedge of use gen coming due: if that query is still waiting
@@ -269,10 +294,10 @@ func (x *Exchange) hedge(gen uint64) {
 }
 
 // reportKept reports the best result kept: an answer if one came, else
-// the last error (err if it is the latest).
-func (x *Exchange) reportKept(err error) {
+// the last error (err if it is the latest), as report does at now.
+func (x *Exchange) reportKept(now time.Time, err error) {
 	if x.hasKept {
-		x.report(x.kept, nil)
+		x.report(now, x.kept, nil)
 		return
 	}
 	if err == nil {
@@ -281,12 +306,20 @@ func (x *Exchange) reportKept(err error) {
 	if err == nil {
 		err = upstream.ErrTimeout // no attempt could be sent or ended: cannot happen, but never report nothing
 	}
-	x.report(nil, err)
+	x.report(now, nil, err)
 }
 
-// report gives the query's outcome to the caller: the one report.
-func (x *Exchange) report(reply []byte, err error) {
-	x.done(x.query, reply, err)
+// report gives the query's outcome, known at now (zero: the clock is read
+// if the caller asked for the reading), to the caller: the one report.
+func (x *Exchange) report(now time.Time, reply []byte, err error) {
+	if x.doneAt != nil {
+		if now.IsZero() {
+			now = x.p.now()
+		}
+		x.doneAt(now, x.query, reply, err)
+	} else {
+		x.done(x.query, reply, err)
+	}
 	x.mu.Lock()
 	x.reported = true
 	free := x.out == 0
@@ -302,7 +335,7 @@ func (x *Exchange) recycle() {
 	x.mu.Lock()
 	x.gen++
 	x.mu.Unlock()
-	x.done, x.keptErr = nil, nil
+	x.done, x.doneAt, x.keptErr = nil, nil, nil
 	for i := range x.att {
 		x.att[i].permit = guard.Permit{}
 	}

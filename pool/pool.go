@@ -55,6 +55,14 @@ type Forwarder interface {
 	ForwardUntil(query []byte, network string, deadline time.Time, done upstream.Result)
 }
 
+// ForwarderAt is a Forwarder that also takes the caller's reading of the
+// real clock and reports with one (*upstream.Upstream is one). A pool on
+// the real clock sends through it, so that a query reads the clock once on
+// its way out and a batch of replies once on its way back.
+type ForwarderAt interface {
+	ForwardAt(now time.Time, query []byte, network string, deadline time.Time, done upstream.ResultAt)
+}
+
 // Member is one upstream of the pool.
 type Member struct {
 	Name     string         // the configured address: the value of the upstream label
@@ -166,6 +174,7 @@ type Pool struct {
 type member struct {
 	name    string
 	up      Forwarder
+	at      ForwarderAt // up, if it is one and the pool is on the real clock; else nil
 	breaker *guard.Breaker
 	srtt    atomic.Int64 // smoothed response time in ns; 0: not measured yet
 	_       [40]byte     // keeps each member's srtt on a cache line of its own
@@ -202,6 +211,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	for i, m := range cfg.Members {
 		p.members[i] = member{name: m.Name, up: m.Upstream, breaker: m.Breaker}
+		if at, ok := m.Upstream.(ForwarderAt); ok && real {
+			p.members[i].at = at
+		}
 	}
 	p.exchanges.New = func() any { return newExchange(p) }
 	if p.hedge > 0 && p.budget != nil && len(p.members) > 1 {

@@ -230,10 +230,10 @@ func (tc *tcpConn) read() {
 		switch {
 		case c == nil: // a stray duplicate, a wrong ID or garbage: skipped, as over UDP
 		case v == replyLate:
-			c.finish(nil, tc.p.u.pastDeadline(c))
+			c.finishAt(now, nil, tc.p.u.pastDeadline(c))
 		default:
 			tc.p.u.markAnswered(now) // before done: the upstream answered in time
-			c.finish(reply, nil)
+			c.finishAt(now, reply, nil)
 		}
 	}
 }

@@ -272,7 +272,7 @@ func (s *udpSocket) read() {
 			switch {
 			case c == nil:
 			case v == replyLate:
-				c.finish(nil, s.u.pastDeadline(c))
+				c.finishAt(now, nil, s.u.pastDeadline(c))
 			case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
 				s.u.cases.resends.Add(1)
 				s.u.sendUDP(c, now)
@@ -281,7 +281,7 @@ func (s *udpSocket) read() {
 				s.u.forwardTCP(c)
 			default: // an answer, TC set or not: a TC answer would not fit the client either
 				s.u.markAnswered(now) // before done: the upstream answered in time
-				c.finish(reply, nil)
+				c.finishAt(now, reply, nil)
 			}
 		}
 		batchio.Release(held)

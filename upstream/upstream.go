@@ -66,6 +66,12 @@ var (
 // only valid until Result returns.
 type Result func(query, reply []byte, err error)
 
+// ResultAt is a Result that is also told when the outcome was known: now is
+// a reading of the real clock, the one a reply's batch was read under (or
+// the sweeper's tick, for a timeout), so a caller that needs the time of
+// the outcome does not read the clock again for each query.
+type ResultAt func(now time.Time, query, reply []byte, err error)
+
 // Config sets where and how to forward. A zero field takes its default.
 type Config struct {
 	Addr    string        // upstream host:port
@@ -224,32 +230,47 @@ func (u *Upstream) background(fn func()) {
 // copied: the caller may reuse it once Forward returns. The query's
 // deadline is Config.Timeout from now.
 func (u *Upstream) Forward(query []byte, network string, done Result) {
-	u.forward(query, network, time.Time{}, done)
+	u.forward(time.Now(), query, network, time.Time{}, done, nil)
 }
 
 // ForwardUntil is Forward with the caller's deadline: a caller that has
 // spent part of a query's time elsewhere gives what is left. A deadline
 // later than Config.Timeout from now is cut to it.
 func (u *Upstream) ForwardUntil(query []byte, network string, deadline time.Time, done Result) {
-	u.forward(query, network, deadline, done)
+	u.forward(time.Now(), query, network, deadline, done, nil)
 }
 
-// forward is Forward and ForwardUntil; a zero deadline is Timeout from now.
-func (u *Upstream) forward(query []byte, network string, deadline time.Time, done Result) {
+// ForwardAt is ForwardUntil for a caller that has just read the real clock
+// (as a query came in, say): now is that reading, and stands for the one
+// ForwardUntil would take — what Config.Timeout and a timeout's verdict
+// count from. done hears the outcome with a reading of its own (ResultAt).
+// One reading a query on the way out, one a batch of replies on the way
+// back: on a VM a reading costs as much as a tenth of the query's own work.
+func (u *Upstream) ForwardAt(now time.Time, query []byte, network string, deadline time.Time, done ResultAt) {
+	u.forward(now, query, network, deadline, nil, done)
+}
+
+// forward is Forward, ForwardUntil and ForwardAt; a zero deadline is
+// Timeout from now. Exactly one of done and doneAt is set.
+func (u *Upstream) forward(now time.Time, query []byte, network string, deadline time.Time, done Result, doneAt ResultAt) {
 	qend, ok := wire.QuestionEnd(query)
-	if !ok {
-		done(query, nil, ErrNoQuery)
+	if !ok || u.closed.Load() {
+		err := ErrNoQuery
+		if ok {
+			err = ErrClosed
+		}
+		if doneAt != nil {
+			doneAt(now, query, nil, err)
+		} else {
+			done(query, nil, err)
+		}
 		return
 	}
-	if u.closed.Load() {
-		done(query, nil, ErrClosed)
-		return
-	}
-	now := time.Now()
 	if latest := now.Add(u.cfg.Timeout); deadline.IsZero() || deadline.After(latest) {
 		deadline = latest
 	}
 	c := newCall(u, query, qend, done, now, deadline)
+	c.doneAt = doneAt
 	if network == "tcp" {
 		u.forwardTCP(c)
 		return
@@ -271,11 +292,11 @@ func (u *Upstream) sendUDP(c *call, now time.Time) {
 			continue
 		}
 		if err != nil {
-			c.finish(nil, err)
+			c.finishAt(now, nil, err)
 		}
 		return
 	}
-	c.finish(nil, ErrBusy)
+	c.finishAt(now, nil, ErrBusy)
 }
 
 // forwardTCP sends the query over one of the pipelined TCP connections.
@@ -302,7 +323,7 @@ func (u *Upstream) sweep() {
 			}
 			expired = u.tcp.takeExpired(now, expired)
 			for _, c := range expired {
-				c.finish(nil, u.pastDeadline(c))
+				c.finishAt(now, nil, u.pastDeadline(c))
 			}
 			if now.Sub(lastRoll) >= quickestPeriod {
 				u.cases.quickest.roll()
@@ -359,10 +380,11 @@ type call struct {
 	deadline time.Time
 	lastSent time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
-	retried  bool // sent again after its TCP connection failed
-	mixed    bool // the name went out in a random case (0x20): a reply must echo it
-	suspect  bool // a reply in another case came for this send
-	probe    bool // asked by the upstream itself, to learn whether it echoes case
+	doneAt   ResultAt // instead of done, for ForwardAt
+	retried  bool     // sent again after its TCP connection failed
+	mixed    bool     // the name went out in a random case (0x20): a reply must echo it
+	suspect  bool     // a reply in another case came for this send
+	probe    bool     // asked by the upstream itself, to learn whether it echoes case
 }
 
 var calls = sync.Pool{New: func() any { return new(call) }}
@@ -372,7 +394,7 @@ func newCall(u *Upstream, query []byte, qend int, done Result, sent, deadline ti
 	c.u = u
 	c.wire = append(c.wire[:0], query...)
 	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
-	c.clientID, c.qend, c.sent, c.deadline, c.done = wire.ID(query), qend, sent, deadline, done
+	c.clientID, c.qend, c.sent, c.deadline, c.done, c.doneAt = wire.ID(query), qend, sent, deadline, done, nil
 	c.lastSent = time.Time{}
 	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
@@ -384,13 +406,17 @@ func (c *call) unmix() {
 	c.mixed = false
 }
 
-// finish reports the outcome and recycles the call. The query, and reply if
+// finish is finishAt for one with no clock reading at hand.
+func (c *call) finish(reply []byte, err error) { c.finishAt(time.Time{}, reply, err) }
+
+// finishAt reports the outcome, known at now (zero: the clock is read if
+// the caller's ResultAt needs it), and recycles the call. The query, and reply if
 // any, get the client's ID and the client's case back (in the reply: the
 // question, which is the query's but for case or it would not have been
 // taken, and the owner names that repeat it). Only the one who took c out
 // of the table calls it; a reader hands it a reply only in time, after
 // markAnswered.
-func (c *call) finish(reply []byte, err error) {
+func (c *call) finishAt(now time.Time, reply []byte, err error) {
 	if reply != nil {
 		if c.mixed {
 			restoreOwners(reply, c.qend, c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], c.name)
@@ -400,7 +426,14 @@ func (c *call) finish(reply []byte, err error) {
 	}
 	wire.SetID(c.wire, c.clientID)
 	copy(c.wire[wire.HeaderLen:], c.name)
-	c.done(c.wire, reply, err)
-	c.done = nil
+	if c.doneAt != nil {
+		if now.IsZero() {
+			now = time.Now()
+		}
+		c.doneAt(now, c.wire, reply, err)
+	} else {
+		c.done(c.wire, reply, err)
+	}
+	c.done, c.doneAt = nil, nil
 	calls.Put(c)
 }
