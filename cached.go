@@ -78,7 +78,7 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 	case cache.Fresh:
 		p.answerAtOnce(f, h, metrics.Cached)
 		if h.Prefetch() {
-			f.waiters[0].w = nil
+			f.lead.w = nil
 			f.cached.refresh = true
 			return false
 		}
@@ -100,7 +100,7 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 // answer is written (a writer keeps a copy). A buffer grown past what the
 // answer pool keeps is not kept.
 func (p *proxy) answerAtOnce(f *flight, h cache.Hit, o metrics.Outcome) {
-	wt := &f.waiters[0]
+	wt := &f.lead
 	b := p.answerCached(f.query[:0], wt, h, o, p.hitTook(wt.start))
 	if cap(b) <= maxKeptBuf {
 		f.query = b[:0]

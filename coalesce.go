@@ -35,16 +35,31 @@ const maxFollowers = 64
 const flightShards = 64
 
 // flight is one query at the upstream, with everyone waiting for its answer.
+// Its leader is held in it, not beside it: a query no one joins, which is
+// most of them, is one object to fetch when it starts and when it lands,
+// and what both touch comes first.
 type flight struct {
 	p       *proxy
-	key     wire.Key
 	net     int  // index into proxy.flights: 0 UDP, 1 TCP
 	shared  bool // in the table: others may join until it lands
 	next    *flight
-	waiters []waiter // [0] is the leader; the rest join under the shard's lock
 	done    upstream.ResultAt
-	query   []byte      // what is sent upstream
+	joiners []waiter    // the waiters besides the leader; they join under the shard's lock
 	cached  flightCache // its part in the answer cache (stale.go)
+	query   []byte      // what is sent upstream
+	lead    waiter      // the query that started it: waiter 0
+	key     wire.Key
+}
+
+// waiting is how many wait for f's answer: its leader and its joiners.
+func (f *flight) waiting() int { return 1 + len(f.joiners) }
+
+// waiter returns waiter i of f: 0 is the leader, then the joiners in turn.
+func (f *flight) waiter(i int) *waiter {
+	if i == 0 {
+		return &f.lead
+	}
+	return &f.joiners[i-1]
 }
 
 var flightPool = sync.Pool{New: func() any { return new(flight) }}
@@ -72,11 +87,8 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	if q.Net == "tcp" {
 		f.net = 1
 	}
-	if cap(f.waiters) == 0 {
-		f.waiters = make([]waiter, 0, 4)
-	}
-	f.waiters = f.waiters[:1]
-	f.waiters[0].set(w, q, qtype, start, p.udpSize())
+	f.joiners = f.joiners[:0]
+	f.lead.set(w, q, qtype, start, p.udpSize())
 	var bits byte
 	flags := wire.Flags(q.Wire)
 	if flags&wire.FlagRD != 0 {
@@ -101,10 +113,10 @@ func (p *proxy) join(f *flight) bool {
 	sh.mu.Lock()
 	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
 		if g.key.Equal(&f.key) {
-			if len(g.waiters) > maxFollowers {
+			if len(g.joiners) >= maxFollowers {
 				continue // full: a newer flight beside it may have room
 			}
-			g.waiters = append(g.waiters, f.waiters[0])
+			g.joiners = append(g.joiners, f.lead)
 			sh.mu.Unlock()
 			p.metrics.Coalesced.Inc()
 			f.recycle()
@@ -130,7 +142,7 @@ func (p *proxy) share(f *flight) {
 	sh.m[f.key.Hash] = f
 }
 
-// unshare takes f out of the table: from then on f.waiters is the
+// unshare takes f out of the table: from then on f's waiters are the
 // completion's alone.
 func (p *proxy) unshare(f *flight) {
 	sh := p.flights[f.net].shard(&f.key)
@@ -155,9 +167,11 @@ func (p *proxy) unshare(f *flight) {
 
 // recycle returns f to the pool, keeping nobody's writer alive.
 func (f *flight) recycle() {
-	for i := range f.waiters {
-		f.waiters[i].w = nil
+	f.lead.w = nil
+	for i := range f.joiners {
+		f.joiners[i].w = nil
 	}
+	f.joiners = f.joiners[:0]
 	f.p, f.next = nil, nil
 	f.cached = flightCache{} // holds no cache entry alive in the pool
 	flightPool.Put(f)

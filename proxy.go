@@ -169,11 +169,11 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	p := f.p
 	p.leave()
 	if f.shared {
-		p.unshare(f) // from here on no one joins: f.waiters is ours to read
+		p.unshare(f) // from here on no one joins: f's waiters are ours to read
 	}
 	ua, ok := upstreamAnswer{}, false
 	if err == nil && reply != nil {
-		ua, ok = readUpstreamAnswer(reply, f.waiters[0].question()) // validReply let it through: ok
+		ua, ok = readUpstreamAnswer(reply, f.lead.question()) // validReply let it through: ok
 	}
 	if ok {
 		p.noteRA(ua.flags)
@@ -190,8 +190,8 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	}
 	bp := getBuf()
 	b := *bp
-	for i := range f.waiters {
-		wt := &f.waiters[i]
+	for i := range f.waiting() {
+		wt := f.waiter(i)
 		switch {
 		case wt.w == nil: // a prefetch: its client had its answer from the cache
 			continue

@@ -53,7 +53,7 @@ func (p *proxy) refusedFromCache(f *flight) bool {
 	}
 	p.cache.refreshes.Count(metrics.RefreshRefused)
 	if f.cached.fallback.Stale() {
-		p.writeCached(&f.waiters[0], f.cached.fallback, metrics.Stale)
+		p.writeCached(&f.lead, f.cached.fallback, metrics.Stale)
 	}
 	f.recycle()
 	return true
@@ -180,8 +180,8 @@ func (sw *staleWait) fire() {
 	if f.shared {
 		p.unshare(f)
 	}
-	for i := range f.waiters {
-		if wt := &f.waiters[i]; wt.w != nil {
+	for i := range f.waiting() {
+		if wt := f.waiter(i); wt.w != nil {
 			p.writeCached(wt, f.cached.fallback, metrics.Stale)
 		}
 	}
