@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -43,4 +44,56 @@ func TestShortDeadlineJudgedFromItsSending(t *testing.T) {
 	}
 	ch := forwardUntil(u, "slow.example.", "udp", time.Now().Add(100*time.Millisecond))
 	wantTimeout(t, outcome(t, ch), false, Failure)
+}
+
+// ForwardAt counts the query's time from the caller's reading, not from a
+// reading of its own: a query whose caller read the clock most of a Timeout
+// ago ends soon after, over UDP and TCP alike; and the outcome comes with
+// a reading of the real clock taken once it was known — for a timeout, at
+// or after the deadline; for an answer, between the send and the report.
+func TestForwardAtCountsFromTheCallersReading(t *testing.T) {
+	srv := newTestServer(t, slowNames)
+	u := newUpstream(t, Config{Addr: srv.addr(), Timeout: 2 * time.Second}) // swept every 100ms
+	type report struct {
+		now time.Time
+		err error
+	}
+	forwardAt := func(name, network string, now time.Time) <-chan report {
+		ch := make(chan report, 1)
+		b, _ := q(name).Pack()
+		u.ForwardAt(now, b, network, time.Time{}, func(now time.Time, _, _ []byte, err error) { ch <- report{now, err} })
+		return ch
+	}
+	wait := func(ch <-chan report) report {
+		t.Helper()
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(5 * time.Second):
+			t.Fatal("no report within 5s")
+			return report{}
+		}
+	}
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			start := time.Now()
+			read := start.Add(-1850 * time.Millisecond) // the deadline: 150ms from start
+			r := wait(forwardAt("slow.example.", network, read))
+			if !errors.Is(r.err, ErrTimeout) {
+				t.Fatalf("slow name: %v, want a timeout", r.err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("ended after %v, want soon after the deadline 150ms away, long before the 2s Timeout", took)
+			}
+			if deadline := read.Add(2 * time.Second); r.now.Before(deadline) {
+				t.Fatalf("the timeout's reading %v is before the deadline %v", r.now, deadline)
+			}
+
+			sent := time.Now()
+			r = wait(forwardAt("a.example.", network, sent))
+			if r.err != nil || r.now.Before(sent) || r.now.After(time.Now()) {
+				t.Fatalf("answer (%v) read at %v, want a reading between its send %v and its report", r.err, r.now, sent)
+			}
+		})
+	}
 }
