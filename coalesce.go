@@ -31,8 +31,13 @@ import (
 const maxFollowers = 64
 
 // flightShards spreads the flights over locks, so readers on several cores
-// seldom wait for one another.
-const flightShards = 64
+// seldom wait for one another; flightBuckets is the chains of one shard.
+// Together 8,192 chains a network: about as many as the queries a server
+// holds unanswered by default (10,000), so a chain is a flight or two.
+const (
+	flightShards  = 64
+	flightBuckets = 128
+)
 
 // flight is one query at the upstream, with everyone waiting for its answer.
 // Its leader is held in it, not beside it: a query no one joins, which is
@@ -40,9 +45,10 @@ const flightShards = 64
 // and what both touch comes first.
 type flight struct {
 	p       *proxy
-	net     int  // index into proxy.flights: 0 UDP, 1 TCP
-	shared  bool // in the table: others may join until it lands
-	next    *flight
+	next    *flight // the next in its chain of the table
+	hash    uint64  // key.Hash, beside next: a walk along a chain reads one line a flight
+	net     uint8   // index into proxy.flights: 0 UDP, 1 TCP
+	shared  bool    // in the table: others may join until it lands
 	done    upstream.ResultAt
 	joiners []waiter    // the waiters besides the leader; they join under the shard's lock
 	cached  flightCache // its part in the answer cache (stale.go)
@@ -64,16 +70,24 @@ func (f *flight) waiter(i int) *waiter {
 
 var flightPool = sync.Pool{New: func() any { return new(flight) }}
 
-// flightTable is the flights of one network, by key hash; flights whose
-// keys share a hash are chained through next.
+// flightTable is the flights of one network, by key hash: a fixed array
+// of chains through flight.next, newest first, rather than a map, so that
+// putting a flight in and taking it out is a pointer or two, not a map
+// write and a map delete for every query.
 type flightTable [flightShards]flightShard
 
 type flightShard struct {
-	mu sync.Mutex
-	m  map[uint64]*flight
+	mu    sync.Mutex
+	heads [flightBuckets]*flight
 }
 
-func (t *flightTable) shard(k *wire.Key) *flightShard { return &t[k.Hash%flightShards] }
+func (t *flightTable) shard(hash uint64) *flightShard { return &t[hash%flightShards] }
+
+// chain returns where the chain of flights with hash starts. It requires
+// that sh.mu is held.
+func (sh *flightShard) chain(hash uint64) **flight {
+	return &sh.heads[hash/flightShards%flightBuckets]
+}
 
 // newFlight returns a flight with q's client as its leader. coalesce says
 // whether q may share it; the key is set only then.
@@ -82,7 +96,7 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	if f.done == nil {
 		f.done = f.land // made once per flight, not once per query
 	}
-	f.p, f.next, f.shared = p, nil, false
+	f.p, f.next, f.hash, f.shared = p, nil, 0, false
 	f.net = 0
 	if q.Net == "tcp" {
 		f.net = 1
@@ -103,16 +117,20 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	if q.EDNS.DO {
 		bits |= wire.KeyDO
 	}
-	return f, f.key.Set(q.Wire[wire.HeaderLen:q.QEnd], bits)
+	if !f.key.Set(q.Wire[wire.HeaderLen:q.QEnd], bits) {
+		return f, false
+	}
+	f.hash = f.key.Hash
+	return f, true
 }
 
 // join adds f's leader to the flight with the same key, if one is in the
 // air with room, and reports whether it did; f is then recycled.
 func (p *proxy) join(f *flight) bool {
-	sh := p.flights[f.net].shard(&f.key)
+	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
-	for g := sh.m[f.key.Hash]; g != nil; g = g.next {
-		if g.key.Equal(&f.key) {
+	for g := *sh.chain(f.hash); g != nil; g = g.next {
+		if g.hash == f.hash && g.key.Equal(&f.key) {
 			if len(g.joiners) >= maxFollowers {
 				continue // full: a newer flight beside it may have room
 			}
@@ -132,37 +150,26 @@ func (p *proxy) join(f *flight) bool {
 // with the same key may stand side by side: one that filled up, and the one
 // started beside it, or two started at once.
 func (p *proxy) share(f *flight) {
-	sh := p.flights[f.net].shard(&f.key)
+	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.m == nil {
-		sh.m = make(map[uint64]*flight)
-	}
-	f.next, f.shared = sh.m[f.key.Hash], true
-	sh.m[f.key.Hash] = f
+	head := sh.chain(f.hash)
+	f.next, f.shared = *head, true
+	*head = f
+	sh.mu.Unlock()
 }
 
 // unshare takes f out of the table: from then on f's waiters are the
 // completion's alone.
 func (p *proxy) unshare(f *flight) {
-	sh := p.flights[f.net].shard(&f.key)
+	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	prev := (*flight)(nil)
-	for g := sh.m[f.key.Hash]; g != nil; prev, g = g, g.next {
-		if g != f {
-			continue
+	for at := sh.chain(f.hash); *at != nil; at = &(*at).next {
+		if *at == f {
+			*at = f.next
+			break
 		}
-		switch {
-		case prev != nil:
-			prev.next = g.next
-		case g.next != nil:
-			sh.m[f.key.Hash] = g.next
-		default:
-			delete(sh.m, f.key.Hash)
-		}
-		return
 	}
+	sh.mu.Unlock()
 }
 
 // recycle returns f to the pool, keeping nobody's writer alive.
