@@ -245,7 +245,8 @@ func (u *Upstream) ForwardUntil(query []byte, network string, deadline time.Time
 // ForwardUntil would take — what Config.Timeout and a timeout's verdict
 // count from. done hears the outcome with a reading of its own (ResultAt).
 // One reading a query on the way out, one a batch of replies on the way
-// back: on a VM a reading costs as much as a tenth of the query's own work.
+// back: on a VM a reading costs some 60 ns, and the pool, the upstream and
+// the completion each took one of their own.
 func (u *Upstream) ForwardAt(now time.Time, query []byte, network string, deadline time.Time, done ResultAt) {
 	u.forward(now, query, network, deadline, nil, done)
 }
@@ -410,8 +411,8 @@ func (c *call) unmix() {
 func (c *call) finish(reply []byte, err error) { c.finishAt(time.Time{}, reply, err) }
 
 // finishAt reports the outcome, known at now (zero: the clock is read if
-// the caller's ResultAt needs it), and recycles the call. The query, and reply if
-// any, get the client's ID and the client's case back (in the reply: the
+// the caller's ResultAt needs it), and recycles the call. The query, and
+// reply if any, get the client's ID and the client's case back (in the reply: the
 // question, which is the query's but for case or it would not have been
 // taken, and the owner names that repeat it). Only the one who took c out
 // of the table calls it; a reader hands it a reply only in time, after
