@@ -30,9 +30,9 @@ import (
 // EntryOverhead is what an entry counts besides its stored bytes: its
 // struct (128 bytes, a size class of its own) and its share of its
 // shard's index: a slot of 16 bytes (a hash and a pointer) at a load
-// never under 1/4 once the index is past its reserved smallest size
-// (index.go), so 4 slots, 64 bytes.
-const EntryOverhead = 128 + 4*slotBytes
+// never under 2/5 once the index is past its reserved smallest size
+// (index.go), so 5/2 slots, 40 bytes.
+const EntryOverhead = 128 + 5*slotBytes/2
 
 // GhostSlotBytes is what a ghost slot counts: one hash.
 const GhostSlotBytes = 8

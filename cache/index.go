@@ -11,21 +11,23 @@ import (
 // Writers change it only under the shard's lock, which S3-FIFO's queues
 // need anyway.
 //
-// It is open addressing over a table of slots, a power of two of them,
-// each an entry and its hash side by side (16 bytes, four to a cache
-// line), so a probe compares hashes without reading the entries it passes.
-// A hash starts at the slot its top bits name (its low bits chose the
-// shard, so they are the same for every entry here) and probes linearly.
+// It is open addressing over a table of slots, each an entry and its hash
+// side by side (16 bytes, four to a cache line), so a probe compares
+// hashes without reading the entries it passes. A hash starts at the slot
+// its top bits name, the high word of hash × slots (its low bits chose
+// the shard, so they are the same for every entry here), and probes
+// linearly, wrapping at the end.
 //
 // A slot's life in one table: empty (no hash, no entry); then its hash is
 // written, once, and then its entry; a later entry of the same hash
 // replaces that entry in place; an evicted entry leaves a tombstone, which
-// only an entry of the same hash may take again. So within a table a
-// slot's hash never changes once it holds an entry, and a reader that
-// finds its hash in a slot finds in it an entry of that hash, a tombstone,
-// or (while the slot is being filled) nothing yet. A reader stops at the
-// first slot with no entry: every slot from a hash's start to where it lay
-// held something when it was put there, and no slot is ever emptied.
+// only an entry of the same hash may take again. So a hash has at most one
+// slot in a table, a slot's hash never changes once it holds an entry, and
+// a reader that finds its hash in a slot finds in it an entry of that
+// hash, a tombstone, or (while the slot is being filled) nothing yet. A
+// reader stops at the first slot with no entry: every slot from a hash's
+// start to where it lay held something when it was put there, and no slot
+// is ever emptied.
 //
 // Tombstones are cleared, and the table grown or shrunk, by building a new
 // table of the live entries and publishing it with one atomic store. A
@@ -38,17 +40,15 @@ import (
 // (entry.holds), as two keys may share a hash.
 //
 // The table's size follows its live entries, so the bound can count it per
-// entry (EntryOverhead): rebuilt, it is the smallest power of two at least
-// minSlots that keeps its load at most 1/2; it is rebuilt when an insert
+// entry (EntryOverhead): a rebuilt table has twice as many slots as live
+// entries (load 1/2), at least minSlots; it is rebuilt when an insert
 // would fill more than 3/4 of it with entries and tombstones, and when a
-// removal leaves its load under 1/4. So beyond minSlots its load is never
-// under 1/4, and a table costs at most 4 slots, 64 bytes, per entry; the
-// minSlots table is reserved up front. A rebuild moves every live entry
-// and leaves the load between 1/4 and 1/2, so the next one is a quarter of
-// the table's inserts away, or comes when removals take the load under
-// 1/4: perhaps at once, but then to a table half the size at load 1/2,
-// which lasts an eighth of the old size's inserts or removals. So a
-// rebuild costs O(1) slots moved per insert or removal, amortized.
+// removal leaves its load under 2/5. So beyond minSlots its load is never
+// under 2/5, and a table costs at most 5/2 slots, 40 bytes, per entry; the
+// minSlots table is reserved up front. A rebuild moves every live entry,
+// and the next one is a quarter of the table's inserts away, or a tenth
+// of its removals: O(1) slots moved per insert or removal, amortized. The
+// table a rebuild replaces is garbage once no reader holds it.
 
 // slot is one place in a table: an entry and its hash. Its entry is nil
 // while the slot is empty (or its hash just written), tombstone after the
@@ -71,20 +71,30 @@ var tombstone = new(entry)
 // table is one array of slots. Once published only its slots change.
 type table struct {
 	slots []slot
-	mask  uint64 // len(slots)-1
-	shift uint8  // 64 - log2(len(slots)): a hash's top bits name its first slot
 }
 
-func newTable(n int) *table {
-	return &table{slots: make([]slot, n), mask: uint64(n - 1), shift: uint8(64 - bits.TrailingZeros(uint(n)))}
+func newTable(n int) *table { return &table{slots: make([]slot, n)} }
+
+// start returns the slot where h's probe starts.
+func (t *table) start(h uint64) int {
+	i, _ := bits.Mul64(h, uint64(len(t.slots)))
+	return int(i)
+}
+
+// next returns the slot after i, the first after the last.
+func (t *table) next(i int) int {
+	if i++; i == len(t.slots) {
+		return 0
+	}
+	return i
 }
 
 // find returns the entry indexed under h, or nil. It takes no lock and
-// writes nothing; see the head comment for what it may miss or find.
+// writes nothing; see the head comment for what it may miss or find. Its
+// probe ends, as every table keeps a quarter of its slots empty.
 func (s *shard) find(h uint64) *entry {
 	t := s.tab.Load()
-	i := h >> t.shift
-	for range len(t.slots) { // the table is never full: bounded all the same
+	for i := t.start(h); ; i = t.next(i) {
 		sl := &t.slots[i]
 		if sl.hash.Load() == h {
 			if e := sl.e.Load(); e != tombstone {
@@ -93,17 +103,15 @@ func (s *shard) find(h uint64) *entry {
 		} else if sl.e.Load() == nil {
 			return nil
 		}
-		i = (i + 1) & t.mask
 	}
-	return nil
 }
 
 // index puts e in the index under e.hash, in place of the entry indexed
 // there, which it returns (nil if none). It requires that s.mu is held.
 func (s *shard) index(e *entry) *entry {
 	t := s.tab.Load()
-	var grave *slot // the first tombstone of e's hash on the way
-	i := e.hash >> t.shift
+	var grave *slot // the tombstone of e's hash on the way
+	i := t.start(e.hash)
 	for {
 		sl := &t.slots[i]
 		old := sl.e.Load()
@@ -115,11 +123,9 @@ func (s *shard) index(e *entry) *entry {
 				sl.e.Store(e)
 				return old
 			}
-			if grave == nil {
-				grave = sl
-			}
+			grave = sl
 		}
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
 	s.live++
 	switch {
@@ -140,7 +146,7 @@ func (s *shard) index(e *entry) *entry {
 // that s.mu is held.
 func (s *shard) unindex(e *entry) {
 	t := s.tab.Load()
-	i := e.hash >> t.shift
+	i := t.start(e.hash)
 	for {
 		sl := &t.slots[i]
 		old := sl.e.Load()
@@ -152,22 +158,18 @@ func (s *shard) unindex(e *entry) {
 			s.live--
 			break
 		}
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
-	if len(t.slots) > minSlots && 4*s.live < len(t.slots) {
+	if len(t.slots) > minSlots && 5*s.live < 2*len(t.slots) {
 		s.rebuild(nil)
 	}
 }
 
 // rebuild publishes a new table of the live entries, and of e if not nil,
-// sized for them: no tombstones, its load at most 1/2. It requires that
-// s.mu is held and that s.live counts e.
+// sized for them: no tombstones, load 1/2. It requires that s.mu is held
+// and that s.live counts e.
 func (s *shard) rebuild(e *entry) {
-	n := minSlots
-	for 2*s.live > n {
-		n *= 2
-	}
-	t := newTable(n)
+	t := newTable(max(minSlots, 2*s.live))
 	was := s.tab.Load()
 	for i := range was.slots {
 		if old := was.slots[i].e.Load(); old != nil && old != tombstone {
@@ -191,9 +193,9 @@ func (s *shard) resetIndex() {
 // put places e in t, not yet published: in the first empty slot of its
 // probe, no entry of its hash being there.
 func (t *table) put(e *entry) {
-	i := e.hash >> t.shift
+	i := t.start(e.hash)
 	for t.slots[i].e.Load() != nil {
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
 	t.slots[i].hash.Store(e.hash)
 	t.slots[i].e.Store(e)

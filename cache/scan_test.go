@@ -161,7 +161,7 @@ func checkInvariants(t testing.TB, c *Cache) {
 		if n != live || live != s.live || used != s.used {
 			t.Errorf("shard %d: %d entries queued; the index holds %d and %d with tombstones, says %d and %d", i, n, live, used, s.live, s.used)
 		}
-		if size := len(s.tab.Load().slots); size > max(minSlots, 4*live) || 4*used > 3*size {
+		if size := len(s.tab.Load().slots); 2*size > max(2*minSlots, 5*live) || 4*used > 3*size {
 			t.Errorf("shard %d: an index of %d slots for %d entries, %d with tombstones", i, size, live, used)
 		}
 		if bytes > s.budget {
