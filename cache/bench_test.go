@@ -35,9 +35,10 @@ func benchCache(b *testing.B, stored time.Time) (*Cache, []wire.Key, [][]byte) {
 
 // BenchmarkHit is a hit: the lookup, then the records copied with their
 // TTLs counted down, into a reused buffer and into a new one. Beside it,
-// the map lookup the cache wraps, over the same keys in the same order:
+// a plain map of the same entries, over the same keys in the same order:
 // lookup ÷ map is the figure; map+entry, the map lookup and the key checked
-// in the entry found, is the least any lookup that checks its key costs. Its times are readings of the real clock, as
+// in the entry found, is the least any lookup that checks its key costs;
+// index is the shard's index alone, what Lookup reads instead of a map. Its times are readings of the real clock, as
 // the proxy passes them: they carry the monotonic reading, which Lookup
 // subtracts directly (a wall-clock time like the tests' t0 costs Lookup
 // time.Time.Sub's slower path, some 300 instructions more).
