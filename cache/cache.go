@@ -14,8 +14,9 @@
 // plus EntryOverhead for its struct and its share of the index, and the
 // ghost table and smallest index of each shard are reserved up front. A
 // lookup takes no lock and writes nothing shared but an entry's frequency
-// (when it changes): it reads its shard's index (index.go), one cache line
-// of the entry it finds (entry.go), and allocates nothing.
+// (when it changes) and, once, its prefetch mark: it reads its shard's
+// index (index.go), one cache line of the entry it finds (entry.go), and
+// allocates nothing.
 package cache
 
 import (
@@ -159,7 +160,10 @@ func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 	e.touch()
 	h := Hit{e: e, age: uint32(max(t-e.stored(), 0) / int64(time.Second))}
 	if t < e.expires {
-		h.prefetch = c.cfg.Prefetch && t >= e.expires-int64(e.ttl)*int64(time.Second)/10 && e.prefetched.CompareAndSwap(false, true)
+		// Loaded before the swap: a swap that fails still takes the cache
+		// line from the other cores, and every hit in the last tenth would.
+		h.prefetch = c.cfg.Prefetch && t >= e.expires-int64(e.ttl)*int64(time.Second)/10 &&
+			!e.prefetched.Load() && e.prefetched.CompareAndSwap(false, true)
 		return h, Fresh
 	}
 	h.stale = true
