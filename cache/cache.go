@@ -11,25 +11,29 @@
 // The bytes held never exceed Config.Size: each entry counts the bytes it
 // stores (its key past what its struct holds, its records, two bytes per
 // record for where its TTL lies, rounded up to the allocator's size class)
-// plus EntryOverhead for its struct and its slot in the map, and the ghost
-// table of each shard is reserved up front. A lookup holds a shard's read
-// lock for one map read, reads one cache line of the entry it finds
-// (entry.go), and allocates nothing.
+// plus EntryOverhead for its struct and its share of the index, and the
+// ghost table and smallest index of each shard are reserved up front. A
+// lookup takes no lock and writes nothing shared but an entry's frequency
+// (when it changes) and, once, its prefetch mark: it reads its shard's
+// index (index.go), one cache line of the entry it finds (entry.go), and
+// allocates nothing.
 package cache
 
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"dnsproxi/internal/wire"
 )
 
 // EntryOverhead is what an entry counts besides its stored bytes: its
-// struct (128 bytes, a size class of its own) and its map slot (a
-// key, a pointer and a control byte, 17 bytes, over a load that may fall to
-// half after the map grows).
-const EntryOverhead = 128 + 40
+// struct (128 bytes, a size class of its own) and its share of its
+// shard's index: a slot of 16 bytes (a hash and a pointer) at a load
+// never under 2/5 once the index is past its reserved smallest size
+// (index.go), so 5/2 slots, 40 bytes.
+const EntryOverhead = 128 + 5*slotBytes/2
 
 // GhostSlotBytes is what a ghost slot counts: one hash.
 const GhostSlotBytes = 8
@@ -84,18 +88,25 @@ type Cache struct {
 	mask   uint64
 }
 
-// shard is one lock's share of the cache: 256 bytes, what a lookup reads
-// (its lock and map) first, so a lookup touches one of its cache lines and
-// neighbouring shards' locks never share one (TestEntryLayout).
+// shard is one lock's share of the cache. What a lookup reads of it, its
+// index's table and its stale window, lies 64 bytes from any other field
+// of it or of its neighbours, however the allocator places the shards
+// (TestEntryLayout): no store, eviction or lock taken on any shard moves
+// the cache line a lookup reads from the cores that read it, and only an
+// index rebuild writes it.
 type shard struct {
-	mu          sync.RWMutex
-	m           map[uint64]*entry
+	_           [64]byte
+	tab         atomic.Pointer[table] // the index (index.go)
 	staleWindow int64
+	_           [64]byte
+
+	// The writers', under mu.
+	mu          sync.Mutex
 	small, main queue
 	ghost       ghost
 	budget      int64 // bytes the entries may count
 	evictions   uint64
-	_           [256 - 144]byte
+	live, used  int // the index's slots holding an entry, and an entry or a tombstone
 }
 
 // New returns an empty cache, or an error wrapping ErrConfig for a field
@@ -114,9 +125,9 @@ func New(cfg Config) (*Cache, error) {
 	slots := per / bytesPerGhostSlot
 	for i := range c.shards {
 		s := &c.shards[i]
-		s.m = make(map[uint64]*entry)
+		s.resetIndex()
 		s.ghost = make(ghost, slots)
-		s.budget = per - slots*GhostSlotBytes
+		s.budget = per - s.reserved()
 		s.staleWindow = int64(cfg.StaleWindow)
 	}
 	return c, nil
@@ -131,21 +142,28 @@ func mono(now time.Time) int64 { return int64(now.Sub(epoch)) }
 
 func (c *Cache) shardOf(h uint64) *shard { return &c.shards[h&c.mask] }
 
+// reserved returns the bytes s sets aside up front: its ghost table and
+// its index's smallest table.
+func (s *shard) reserved() int64 {
+	return int64(len(s.ghost))*GhostSlotBytes + minSlots*slotBytes
+}
+
 // Lookup returns what the cache holds for k at now, and what to do with it
 // (State). It allocates nothing.
 func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 	t := mono(now)
 	s := c.shardOf(k.Hash)
-	s.mu.RLock()
-	e := s.m[k.Hash] // its fields a lookup reads are set before it is shared, or atomic
-	s.mu.RUnlock()
+	e := s.find(k.Hash) // its fields a lookup reads are set before it is shared, or atomic
 	if e == nil || !e.holds(k.Bytes()) || e.dead(t, s.staleWindow) {
 		return Hit{}, Miss
 	}
 	e.touch()
 	h := Hit{e: e, age: uint32(max(t-e.stored(), 0) / int64(time.Second))}
 	if t < e.expires {
-		h.prefetch = c.cfg.Prefetch && t >= e.expires-int64(e.ttl)*int64(time.Second)/10 && e.prefetched.CompareAndSwap(false, true)
+		// Loaded before the swap: a swap that fails still takes the cache
+		// line from the other cores, and every hit in the last tenth would.
+		h.prefetch = c.cfg.Prefetch && t >= e.expires-int64(e.ttl)*int64(time.Second)/10 &&
+			!e.prefetched.Load() && e.prefetched.CompareAndSwap(false, true)
 		return h, Fresh
 	}
 	h.stale = true
@@ -183,10 +201,7 @@ func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 // so a dead upstream is not asked name by name.
 func (c *Cache) RefreshFailed(k *wire.Key, now time.Time) {
 	s := c.shardOf(k.Hash)
-	s.mu.RLock()
-	e := s.m[k.Hash]
-	s.mu.RUnlock()
-	if e != nil && e.holds(k.Bytes()) {
+	if e := s.find(k.Hash); e != nil && e.holds(k.Bytes()) { // evicted meanwhile, it is marked for nothing
 		e.recheck.Store(mono(now) + int64(RecheckAfter))
 	}
 }
@@ -196,7 +211,7 @@ func (c *Cache) Flush() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		s.m = make(map[uint64]*entry)
+		s.resetIndex() // a lookup already on the old table may still find an entry there
 		s.small, s.main = queue{}, queue{}
 		clear(s.ghost)
 		s.mu.Unlock()
@@ -206,7 +221,7 @@ func (c *Cache) Flush() {
 // Stats is what a cache holds, for its metrics.
 type Stats struct {
 	Entries   int
-	Bytes     int64  // what the bound counts: entries, their overhead, the ghost tables
+	Bytes     int64  // what the bound counts: entries, their overhead, what each shard reserves
 	Evictions uint64 // entries evicted to make room, since New
 }
 
@@ -215,11 +230,11 @@ func (c *Cache) Stats() Stats {
 	var st Stats
 	for i := range c.shards {
 		s := &c.shards[i]
-		s.mu.RLock()
+		s.mu.Lock()
 		st.Entries += s.small.len + s.main.len
-		st.Bytes += s.small.bytes + s.main.bytes + int64(len(s.ghost))*GhostSlotBytes
+		st.Bytes += s.small.bytes + s.main.bytes + s.reserved()
 		st.Evictions += s.evictions
-		s.mu.RUnlock()
+		s.mu.Unlock()
 	}
 	return st
 }

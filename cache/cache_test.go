@@ -346,11 +346,11 @@ func TestFlush(t *testing.T) {
 		}
 	}
 	st := c.Stats()
-	ghostOnly := int64(0)
+	reserved := int64(0)
 	for i := range c.shards {
-		ghostOnly += int64(len(c.shards[i].ghost)) * GhostSlotBytes
+		reserved += c.shards[i].reserved()
 	}
-	if st.Entries != 0 || st.Bytes != ghostOnly {
-		t.Fatalf("after Flush: %+v, want 0 entries and only the ghost's %d bytes", st, ghostOnly)
+	if st.Entries != 0 || st.Bytes != reserved {
+		t.Fatalf("after Flush: %+v, want 0 entries and only the %d bytes reserved", st, reserved)
 	}
 }

@@ -16,7 +16,7 @@ const inlineKey = 40
 // a lookup reads the first line alone (the key, the expiry, the TTL, the
 // frequency), and the answer is built from the second and from data. With
 // the key in data, as it once was, a lookup took three cache misses past
-// the map (the entry, its data, and the entry's second line) instead of
+// the index (the entry, its data, and the entry's second line) instead of
 // one. TestEntryLayout keeps it so.
 //
 // Everything but freq, prefetched, recheck, where and the queue links is

@@ -83,20 +83,20 @@ func (s *shard) queueOf(e *entry) *queue {
 
 // insert puts e in s, replacing whatever held its hash, and evicts until s
 // is within its budget again. A replaced entry of the same key hands e its
-// place and frequency: a refresh is not a new name. It requires that s.mu
-// is held.
+// place and frequency: a refresh is not a new name. e takes the replaced
+// entry's place in the index at once, so a lookup never misses the name
+// in between. It requires that s.mu is held.
 func (s *shard) insert(e *entry, now int64) {
 	e.where = inSmall
-	if old := s.m[e.hash]; old != nil {
+	if old := s.index(e); old != nil {
 		if old.sameKey(e) {
 			e.where = old.where
-			e.freq.Store(old.freq.Load())
+			e.freq.Store(old.freq.Load()) // a hit on e since it was indexed may be lost
 		}
 		s.drop(old)
 	} else if s.ghost.take(e.hash) {
 		e.where = inMain
 	}
-	s.m[e.hash] = e
 	s.queueOf(e).pushHead(e)
 	for s.small.bytes+s.main.bytes > s.budget {
 		if s.small.bytes > s.budget/10 || s.main.len == 0 {
@@ -143,13 +143,12 @@ func (s *shard) evictMain(now int64) {
 	}
 }
 
-// drop takes e out of its queue and the map. It requires that s.mu is held.
+// drop takes e out of its queue and the index. It requires that s.mu is
+// held.
 func (s *shard) drop(e *entry) {
 	s.queueOf(e).remove(e)
 	e.where = inNone
-	if s.m[e.hash] == e {
-		delete(s.m, e.hash)
-	}
+	s.unindex(e)
 }
 
 // ghost remembers the hashes of entries lately evicted from a small queue.

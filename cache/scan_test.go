@@ -77,7 +77,7 @@ func scanRun(t testing.TB, setSize, zipfQueries int, flood float64) float64 {
 		t.Fatal(err)
 	}
 	st := probe.Stats()
-	perEntry := st.Bytes - int64(len(probe.shards[0].ghost))*GhostSlotBytes
+	perEntry := st.Bytes - probe.shards[0].reserved()
 	c := newCache(t, Config{Size: max(MinSize, perEntry*int64(setSize)/10)})
 	z := newZipf(setSize, 1)
 	mix := rand.New(rand.NewPCG(2, 2))
@@ -132,20 +132,21 @@ func TestScanKeepsHotNames(t *testing.T) {
 	}
 }
 
-// checkInvariants checks every shard of c: its map and queues hold the
-// same entries, their bytes add up, and the bound holds.
+// checkInvariants checks every shard of c: its index and queues hold the
+// same entries, their bytes add up, the index's table is within the load
+// the bound counts on, and the bound holds.
 func checkInvariants(t testing.TB, c *Cache) {
 	t.Helper()
 	var total int64
 	for i := range c.shards {
 		s := &c.shards[i]
-		s.mu.RLock()
+		s.mu.Lock()
 		n, bytes := 0, int64(0)
 		for _, q := range []*queue{&s.small, &s.main} {
 			qn, qb := 0, int64(0)
 			for e := q.head; e != nil; e = e.next {
-				if s.m[e.hash] != e || s.queueOf(e) != q {
-					t.Errorf("shard %d: an entry in a queue is not in the map, or on another queue", i)
+				if s.find(e.hash) != e || s.queueOf(e) != q {
+					t.Errorf("shard %d: an entry in a queue is not in the index, or on another queue", i)
 				}
 				qn++
 				qb += e.cost()
@@ -156,14 +157,18 @@ func checkInvariants(t testing.TB, c *Cache) {
 			n += qn
 			bytes += qb
 		}
-		if n != len(s.m) {
-			t.Errorf("shard %d: %d entries queued, %d in the map", i, n, len(s.m))
+		live, used := indexCounts(s.tab.Load())
+		if n != live || live != s.live || used != s.used {
+			t.Errorf("shard %d: %d entries queued; the index holds %d and %d with tombstones, says %d and %d", i, n, live, used, s.live, s.used)
+		}
+		if size := len(s.tab.Load().slots); 2*size > max(2*minSlots, 5*live) || 4*used > 3*size {
+			t.Errorf("shard %d: an index of %d slots for %d entries, %d with tombstones", i, size, live, used)
 		}
 		if bytes > s.budget {
 			t.Errorf("shard %d: %d bytes, over its budget of %d", i, bytes, s.budget)
 		}
-		total += bytes + int64(len(s.ghost))*GhostSlotBytes
-		s.mu.RUnlock()
+		total += bytes + s.reserved()
+		s.mu.Unlock()
 	}
 	if total > c.cfg.Size {
 		t.Errorf("%d bytes held, over the Size %d", total, c.cfg.Size)
@@ -171,4 +176,19 @@ func checkInvariants(t testing.TB, c *Cache) {
 	if st := c.Stats(); st.Bytes != total {
 		t.Errorf("Stats says %d bytes, the shards hold %d", st.Bytes, total)
 	}
+}
+
+// indexCounts returns the slots of t that hold an entry, and those that
+// hold an entry or a tombstone.
+func indexCounts(t *table) (live, used int) {
+	for i := range t.slots {
+		switch e := t.slots[i].e.Load(); {
+		case e == tombstone:
+			used++
+		case e != nil:
+			live++
+			used++
+		}
+	}
+	return live, used
 }
