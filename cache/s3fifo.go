@@ -1,5 +1,7 @@
 package cache
 
+import "math/bits"
+
 // Eviction is S3-FIFO (Yang et al., "FIFO queues are all you need for cache
 // eviction", SOSP 2023), weighed in bytes, one instance per shard:
 //
@@ -157,8 +159,15 @@ type ghost []uint64
 // put remembers h, forgetting whatever hash held its slot.
 func (g ghost) put(h uint64) {
 	if len(g) > 0 {
-		g[h%uint64(len(g))] = h
+		g[g.slot(h)] = h
 	}
+}
+
+// slot returns where h is remembered: from h's high bits, as every hash
+// in a shard shares the low bits that chose the shard.
+func (g ghost) slot(h uint64) uint64 {
+	i, _ := bits.Mul64(h, uint64(len(g)))
+	return i
 }
 
 // take reports whether h is remembered, and forgets it.
@@ -166,7 +175,7 @@ func (g ghost) take(h uint64) bool {
 	if len(g) == 0 || h == 0 {
 		return false
 	}
-	slot := &g[h%uint64(len(g))]
+	slot := &g[g.slot(h)]
 	if *slot != h {
 		return false
 	}
