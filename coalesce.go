@@ -22,9 +22,12 @@ import (
 // (MaxUnanswered) and maxFollowers per flight; beyond that a query goes to the
 // upstream on its own, through the cap and the breaker.
 //
-// Never coalesced: queries with an EDNS Client Subnet option (their answer
-// may depend on the subnet), and UDP with TCP (a UDP leader may get a TC
-// answer a TCP client cannot use). Zone transfers never reach this point.
+// Never coalesced: UDP with TCP (a UDP leader may get a TC answer a TCP
+// client cannot use). Zone transfers never reach this point. Queries with
+// an EDNS Client Subnet option are coalesced like any other: the proxy's own
+// OPT leaves the subnet out, so the upstream's answer cannot depend on it,
+// and kept apart they were a switch any client could flip to undo
+// coalescing (TestECSQueriesAreCoalesced).
 
 // maxFollowers bounds the queries waiting on one flight besides its leader,
 // and so the work one upstream answer sets off.

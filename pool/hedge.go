@@ -56,13 +56,22 @@ func newHedger(c guard.Clock) *hedger {
 	return h
 }
 
-// add queues the hedge of x's use gen, due at due.
+// add queues the hedge of x's use gen, due at due. Each query's due time
+// counts from its caller's reading, and callers reach add a little out of
+// the order they read the clock in: the entry goes back past any due after
+// it (nearly always none, or one or two), so the queue stays in due order.
+// When it lands at the head, the goroutine is woken to wait for it instead.
 func (h *hedger) add(x *Exchange, gen uint64, due time.Time) {
 	h.mu.Lock()
-	wasEmpty := h.head == len(h.queue)
-	h.queue = append(h.queue, hedgeEntry{x, gen, due})
+	h.queue = append(h.queue, hedgeEntry{})
+	i := len(h.queue) - 1
+	for ; i > h.head && h.queue[i-1].due.After(due); i-- {
+		h.queue[i] = h.queue[i-1]
+	}
+	h.queue[i] = hedgeEntry{x, gen, due}
+	first := i == h.head
 	h.mu.Unlock()
-	if wasEmpty {
+	if first {
 		select {
 		case h.wake <- struct{}{}:
 		default: // a wake is already pending
@@ -82,7 +91,8 @@ func (h *hedger) run() {
 	defer close(h.done)
 	var due []hedgeEntry
 	// alarm is pending only while the queue holds entries, and is for the
-	// oldest: entries added later come due later, so it is never too late.
+	// head; an entry that becomes the head wakes the goroutine, which sets
+	// the alarm again for it.
 	var alarm <-chan time.Time
 	for {
 		var wait time.Duration
@@ -98,6 +108,7 @@ func (h *hedger) run() {
 		case <-h.stop:
 			return
 		case <-h.wake:
+			alarm = nil // the head may be sooner than the alarm set
 		case <-alarm:
 			alarm = nil
 		}
