@@ -273,6 +273,7 @@ func TestFailureWhileTheHedgeIsOutWaitsForIt(t *testing.T) {
 		t.Run(tt.first.String()+","+tt.hedge.String(), func(t *testing.T) {
 			r := newRig(t, rigConfig{n: 3, budget: generous, hedge: 100 * time.Millisecond})
 			ch, _ := r.ask("www.example")
+			hedgerWaits(t, r)
 			r.clock.Advance(100 * time.Millisecond)
 			waitUntil(t, "the hedge", func() bool { return r.ups[1].count() == 1 })
 			finish(r.ups[0].takeHeld()[0], tt.first)
@@ -299,6 +300,7 @@ func TestHedgeAfterTheAnswerSendsNothing(t *testing.T) {
 	retried, _ := r.ask("retried.example")
 	finish(r.ups[0].takeHeld()[0], netErr) // retried at upstream 1, which holds it
 	hedged, _ := r.ask("hedged.example")
+	hedgerWaits(t, r)
 	r.clock.Advance(100 * time.Millisecond) // all three hedges come due
 	waitUntil(t, "the third query's hedge", func() bool { return r.ups[1].count() == 2 })
 	if n0, h := r.ups[0].count(), r.obs.retries[RetryHedge].Load(); n0 != 3 || h != 1 {
@@ -378,5 +380,17 @@ func TestNewRefusesBadMemberCounts(t *testing.T) {
 	}
 	if _, err := New(Config{Members: make([]Member, MaxMembers+1)}); !errors.Is(err, ErrTooManyMembers) {
 		t.Errorf("%d members: %v", MaxMembers+1, err)
+	}
+}
+
+// hedgerWaits returns once the hedger waits on r's clock for its next hedge.
+// Advancing the clock before that may let the hedger read the clock before
+// the advance and set its alarm after it, a whole delay late.
+func hedgerWaits(t *testing.T, r *rig) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.clock.BlockUntilWaiters(ctx, 1); err != nil {
+		t.Fatal("the hedger never waited for the hedge:", err)
 	}
 }

@@ -90,25 +90,26 @@ func (h *hedger) close() {
 func (h *hedger) run() {
 	defer close(h.done)
 	var due []hedgeEntry
-	// alarm is pending only while the queue holds entries, and is for the
-	// head; an entry that becomes the head wakes the goroutine, which sets
-	// the alarm again for it.
+	// alarm is pending only while the queue holds entries, and rings at
+	// alarmAt, for the head. An entry that becomes the head wakes the
+	// goroutine, which sets the alarm again if that head is due sooner.
 	var alarm <-chan time.Time
+	var alarmAt time.Time
 	for {
 		var wait time.Duration
-		due, wait = h.takeDue(h.clock.Now(), due[:0])
+		now := h.clock.Now()
+		due, wait = h.takeDue(now, due[:0])
 		for i, e := range due {
 			e.x.hedge(e.gen)
 			due[i] = hedgeEntry{} // keep no Exchange alive
 		}
-		if wait > 0 && alarm == nil {
-			alarm = h.after(wait)
+		if at := now.Add(wait); wait > 0 && (alarm == nil || at.Before(alarmAt)) {
+			alarm, alarmAt = h.after(wait), at
 		}
 		select {
 		case <-h.stop:
 			return
 		case <-h.wake:
-			alarm = nil // the head may be sooner than the alarm set
 		case <-alarm:
 			alarm = nil
 		}

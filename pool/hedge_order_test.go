@@ -37,14 +37,26 @@ func TestHedgeOfAnEarlierReadingIsNotLate(t *testing.T) {
 	if err := r.clock.BlockUntilWaiters(ctx, 1); err != nil {
 		t.Fatal("the hedger never waited:", err)
 	}
-	r.clock.Advance(10 * time.Millisecond) // t0+10ms: the earlier query's hedge is due
-	deadline := time.Now().Add(time.Second)
-	for r.obs.retries[RetryHedge].Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	// The clock moves on a millisecond at a time from t0+10ms, when the
+	// earlier query's hedge is due, and the hedge must go out before the
+	// later query's comes due at t0+50ms. (A step taken while the hedger
+	// sets its alarm may make it ring a step late: hence steps, not one
+	// jump to t0+10ms.)
+	r.clock.Advance(9 * time.Millisecond)
+	for step := 10; step < 50; step++ {
+		r.clock.Advance(time.Millisecond)
+		deadline := time.Now().Add(20 * time.Millisecond)
+		for r.obs.retries[RetryHedge].Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Microsecond)
+		}
+		if h := r.obs.retries[RetryHedge].Load(); h != 0 {
+			if h != 1 || step > 15 {
+				t.Fatalf("at t0+%dms %d hedges sent, want the earlier query's alone, by t0+15ms at the latest", step, h)
+			}
+			return
+		}
 	}
-	if h := r.obs.retries[RetryHedge].Load(); h != 1 {
-		r.clock.Advance(40 * time.Millisecond)
-		waitUntil(t, "both hedges at t0+50ms", func() bool { return r.obs.retries[RetryHedge].Load() == 2 })
-		t.Fatalf("at t0+10ms, when the query read at t0-40ms was due its hedge: %d hedges sent, want 1; it went out only at t0+50ms, with the later query's, 40ms late", h)
-	}
+	r.clock.Advance(time.Millisecond)
+	waitUntil(t, "both hedges at t0+50ms", func() bool { return r.obs.retries[RetryHedge].Load() == 2 })
+	t.Fatal("the hedge of the query read at t0-40ms, due at t0+10ms, went out only at t0+50ms, with the later query's")
 }
