@@ -150,7 +150,9 @@ func TestCoalescingKeepsUDPAndTCPApart(t *testing.T) {
 		b, _ := fakeupstream.Answer(req).Pack()
 		return [][]byte{b}
 	})
-	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	cfg := testConfig(up.Addr())
+	cfg.UpstreamTimeout = 10 * time.Second // held longer than the default on a loaded machine, the query would be sent again
+	a := startProxy(t, cfg, guard.RealClock{})
 	answers := make(chan *dns.Msg, 4)
 	for _, network := range []string{"udp", "tcp", "udp", "tcp"} {
 		go func() {
