@@ -38,9 +38,10 @@ package guard
 //     the overflow bucket adds at most as much for all prefixes together.
 //
 // Cost: the table is split over 64 shards by a seeded hash of the prefix,
-// each with its own lock and its slots allocated up front; within a shard a
-// prefix may live in 16 slots (clienttable.go), and a byte of tag per slot
-// lets a check read, of those 16, nearly always the one that holds it. Allow
+// each with its slots allocated up front; within a shard a prefix may live
+// in 16 slots, four cache lines (clienttable.go). A check reads those four
+// lines, fetched together, and takes its token with one compare-and-swap, no
+// lock; only giving a slot to a new prefix takes the shard's lock. Allow
 // allocates nothing and never looks at more than those 16 slots.
 
 import (
@@ -101,7 +102,7 @@ type ClientLimiter struct {
 
 // NewClientLimiter returns an empty table with cfg's rules (zero fields take
 // their defaults), reading time from c (RealClock{} in production). Every
-// slot is allocated here: 25 bytes per TableSize entry (24 and its tag).
+// slot is allocated here: 16 bytes per TableSize entry.
 // It panics on a configuration that cannot work; callers validate first.
 func NewClientLimiter(cfg ClientLimiterConfig, c Clock) *ClientLimiter {
 	return newClientLimiter(cfg, c, defaultClientShards, clientWays)
@@ -201,17 +202,27 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
 		l.shards[0].overflows.Add(1)
 		return l.allowOverflow(now)
 	}
-	s, hash := l.shardOf(k)
+	s, fp := l.shardOf(k)
+	g1, g2 := s.groupsOf(fp)
+	if sl := s.find(g1, g2, fp); sl != nil {
+		if ok, held := l.take(sl, fp, now); held {
+			return ok
+		}
+	}
+	// A new prefix, or one whose slot was being given away: under the lock,
+	// where no slot changes hands, look again and give it one if it has none.
 	s.mu.Lock()
-	i := s.slotFor(k, hash, now)
-	if i < 0 {
+	if sl := s.find(g1, g2, fp); sl != nil {
+		ok, _ := l.take(sl, fp, now) // held: only the lock's holder gives slots away
 		s.mu.Unlock()
+		return ok
+	}
+	sl, ok := s.place(l, g1, g2, fp, now)
+	s.mu.Unlock()
+	if sl == nil {
 		s.overflows.Add(1)
 		return l.allowOverflow(now)
 	}
-	tat, ok := l.admit(s.slots[i].tat, now)
-	s.slots[i].tat = tat
-	s.mu.Unlock()
 	return ok
 }
 
@@ -224,12 +235,12 @@ func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 	return k.masked(l.mask6), ok
 }
 
-// shardOf returns the shard of a prefix and the prefix's seeded hash, which
-// also chooses its groups and its tag inside the shard.
+// shardOf returns the shard of a prefix and the prefix's fingerprint: its
+// seeded hash, never 0, which also chooses its groups inside the shard.
 func (l *ClientLimiter) shardOf(k clientKey) (*clientShard, uint64) {
-	hash := mix(mix(k.hi^l.seed[0], k.lo^l.seed[1]), l.seed[2])
-	i, _ := bits.Mul64(hash, uint64(len(l.shards)))
-	return &l.shards[i], hash
+	fp := mix(mix(k.hi^l.seed[0], k.lo^l.seed[1]), l.seed[2]) | 1
+	i, _ := bits.Mul64(fp, uint64(len(l.shards)))
+	return &l.shards[i], fp
 }
 
 // mix folds the 128-bit product of a and b into 64 bits, each bit of the

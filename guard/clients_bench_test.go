@@ -70,11 +70,9 @@ func fillClientLimiter(tb testing.TB, l *ClientLimiter) []netip.Addr {
 // holds reports whether addr's prefix has a slot in the table.
 func (l *ClientLimiter) holds(addr netip.Addr) bool {
 	k, _ := l.keyOf(addr)
-	s, hash := l.shardOf(k)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g1, g2 := s.groupsOf(hash)
-	return s.find(g1, s.matching(g1, tagOf(hash)), k) >= 0 || s.find(g2, s.matching(g2, tagOf(hash)), k) >= 0
+	s, fp := l.shardOf(k)
+	g1, g2 := s.groupsOf(fp)
+	return s.find(g1, g2, fp) != nil
 }
 
 func BenchmarkClientLimiter(b *testing.B) {
@@ -178,8 +176,9 @@ func BenchmarkClientLimiter(b *testing.B) {
 	}
 	// spread/floor is what no table of this size can do better than on the
 	// machine at hand: the checks' slot reads alone, in the same shuffled
-	// order over the same bytes (24 per prefix), each read depending on the
-	// one before as a check's slot depends on its tags. With the table in
+	// order over the same bytes (16 per prefix), each read depending on the
+	// one before (a check's compare-and-swap lets no later read start before
+	// it ends). With the table in
 	// the shared last-level cache this is a few tens of nanoseconds; when
 	// other tenants of the machine evict it, the read goes to memory and the
 	// floor rises to ~200 ns, and spread/serial with it. Read spread against
@@ -188,12 +187,12 @@ func BenchmarkClientLimiter(b *testing.B) {
 		slots := make([]clientSlot, len(spread))
 		order := rand.New(rand.NewPCG(3, 4)).Perm(len(slots))
 		for i, j := range order {
-			slots[j].tat = int64(order[(i+1)%len(order)])
+			slots[j].tat.Store(int64(order[(i+1)%len(order)]))
 		}
 		b.ReportAllocs()
 		next := int64(order[0])
 		for b.Loop() {
-			next = slots[next].tat
+			next = slots[next].tat.Load()
 		}
 		runtime.KeepAlive(next)
 	})

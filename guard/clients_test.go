@@ -2,12 +2,14 @@ package guard
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // newTestClientLimiter builds a limiter on a manual clock at t0. shards is the
@@ -656,38 +658,103 @@ func TestClientShardChurn(t *testing.T) {
 
 func checkClientTable(t *testing.T, l *ClientLimiter) {
 	t.Helper()
-	seen := make(map[clientKey]bool)
+	seen := make(map[uint64]bool)
 	used := 0
 	for si := range l.shards {
 		s := &l.shards[si]
 		s.mu.Lock()
-		for i, slot := range s.slots {
-			tag := s.tags[i/s.ways] >> (8 * (i % s.ways)) & 0xff
-			if tag == 0 {
+		for i := range s.slots {
+			fp, tat := s.slots[i].fp.Load(), s.slots[i].tat.Load()
+			if tat == giving {
+				t.Fatalf("shard %d slot %d left marked giving", si, i)
+			}
+			if fp == 0 {
 				continue
 			}
 			used++
-			if seen[slot.key] {
-				t.Fatalf("prefix %x held twice", slot.key)
+			if seen[fp] {
+				t.Fatalf("prefix %#x held twice", fp)
 			}
-			seen[slot.key] = true
-			home, hash := l.shardOf(slot.key)
-			f1, f2 := s.groupsOf(hash)
-			if g := i / s.ways; home != s || (g != f1 && g != f2) {
-				t.Fatalf("prefix %x in shard %d slot %d, outside its groups", slot.key, si, i)
+			seen[fp] = true
+			f1, f2 := s.groupsOf(fp)
+			if i, _ := bits.Mul64(fp, uint64(len(l.shards))); &l.shards[i] != s {
+				t.Fatalf("prefix %#x in shard %d, not its own %d", fp, si, i)
 			}
-			if tag != tagOf(hash) {
-				t.Fatalf("prefix %x in shard %d slot %d has tag %#x, want %#x", slot.key, si, i, tag, tagOf(hash))
-			}
-		}
-		for g, word := range s.tags {
-			if unused := word &^ (s.lanes >> 7 * 0xff); unused != 0 {
-				t.Fatalf("shard %d group %d: tags %#x beyond its %d slots", si, g, word, s.ways)
+			if g := i / s.ways; g != f1 && g != f2 {
+				t.Fatalf("prefix %#x in shard %d slot %d, outside its groups", fp, si, i)
 			}
 		}
 		s.mu.Unlock()
 	}
 	if size := l.Len(); used != size || size > l.Config().TableSize {
 		t.Fatalf("%d slots in use, Len %d, table size %d", used, size, l.Config().TableSize)
+	}
+}
+
+// TestClientLimiterConcurrentGiving checks the lock-free token against slots
+// changing hands (clienttable.go) with an exact count. One group of 8 slots,
+// 24 prefixes asking from 4 goroutines, on a manual clock that moves only
+// between phases, by a whole burst's refill: in each phase every bucket
+// starts full, new prefixes evict full buckets (never one that gave a token
+// in the phase: it is busy until the next), and the rest share the overflow
+// bucket. So a phase admits at most (8 + 1) × burst, whatever the
+// interleaving; a token taken from a bucket that was being given away and
+// then lost would show as one more.
+func TestClientLimiterConcurrentGiving(t *testing.T) {
+	const (
+		burst      = 3
+		slots      = 8
+		prefixes   = 24
+		goroutines = 4
+		phases     = 300
+		asks       = 60 // per goroutine and phase
+	)
+	l, clock := newTestClientLimiter(t, ClientLimiterConfig{Rate: 1000, Burst: burst, TableSize: slots}, 1)
+	addrs := make([]netip.Addr, prefixes)
+	for i := range addrs {
+		addrs[i] = netip.AddrFrom4([4]byte{127, 0, 2, byte(i)})
+	}
+	evictions := l.Evictions()
+	for phase := range phases {
+		clock.Advance(burst * time.Millisecond)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range asks {
+					if l.Allow(addrs[(i*5+g*7+phase)%prefixes]) {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if n := admitted.Load(); n > (slots+1)*burst || n == 0 {
+			t.Fatalf("phase %d admitted %d, want 1..%d", phase, n, (slots+1)*burst)
+		}
+		checkClientTable(t, l)
+	}
+	if l.Evictions() == evictions {
+		t.Fatal("no slot changed hands")
+	}
+}
+
+// TestClientShardLayout keeps what every check reads on a cache line of its
+// own, apart from the lock and counters a flood of new prefixes writes.
+func TestClientShardLayout(t *testing.T) {
+	var s clientShard
+	if size := unsafe.Sizeof(s); size != 128 {
+		t.Fatalf("clientShard is %d bytes, want 128 (two cache lines)", size)
+	}
+	if off := unsafe.Offsetof(s.mu); off != 64 {
+		t.Fatalf("the lock is at byte %d, want 64: the second line", off)
+	}
+	if end := unsafe.Offsetof(s.groups) + unsafe.Sizeof(s.groups); end > 64 {
+		t.Fatalf("what a check reads ends at byte %d, past the first line", end)
+	}
+	if size := unsafe.Sizeof(clientSlot{}); size != 16 {
+		t.Fatalf("clientSlot is %d bytes, want 16 (a group of 8 is two cache lines)", size)
 	}
 }

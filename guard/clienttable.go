@@ -12,14 +12,36 @@ package guard
 // (the lowest tat at or before now); with none, no slot: its groups are
 // full of busy buckets and it goes to the overflow bucket.
 //
-// Each group also has one word of tags, a byte per slot: 0 for an empty
-// slot, else 8 more bits of the hash of the prefix in it. The tags of the
-// whole table take 1 byte per slot (100 KB for 100,000 prefixes), little
-// enough to stay in the CPU's cache while the slots (24 bytes each) do not,
-// so finding a prefix reads the two tag words and then, nearly always, the
-// one slot whose tag matches: one slot fetched from memory instead of up to
-// sixteen. A new prefix reads the tags for room, and the slots' tats only
-// when both its groups are full and a bucket must be evicted.
+// A slot is 16 bytes, the prefix's fingerprint and its bucket's tat, and a
+// group of eight is two 64-byte cache lines: a check reads the four lines of
+// its groups, which the processor fetches together, and nothing else. (With
+// the prefix itself in each slot, 24 bytes, a check read a word of tags and
+// then the one slot they pointed to: two fetches, one after the other, each
+// a miss in a table of megabytes. With groups of four, one line each, a
+// table filled with busy prefixes sent its first new one to the overflow
+// bucket half full instead of three quarters.) The fingerprint is the prefix's seeded
+// 64-bit hash, never 0, which marks an empty slot. Two prefixes with the
+// same fingerprint would share one bucket: each gets less, never more, and
+// no one can aim at another's fingerprint without the seed (and whoever can
+// send from a victim's address drains its bucket more simply by doing so).
+//
+// Taking a token takes no lock. A check finds its fingerprint in one of the
+// sixteen slots and moves the slot's tat forward with a compare-and-swap; the
+// shard's lock is taken only to give a slot to a prefix, which is when a
+// slot's fingerprint changes. That rests on two rules:
+//
+//   - A slot's tat only ever grows, across owners too. A token moves it
+//     forward (admit), and a slot given away starts its new bucket later
+//     than the evicted one ended (the floor; see place). The one exception
+//     is a slot marked for eviction and put back, its owner unchanged, with
+//     the tat it had. So a tat read and then found unchanged by a
+//     compare-and-swap, or by a second read, belongs to the same bucket
+//     throughout, in the same state.
+//   - Giving a slot away marks its tat giving first, then writes the new
+//     fingerprint, then the new tat. A check that reads its tat and then its
+//     fingerprint, and acts only if the tat is unchanged afterwards, sees
+//     either the old owner's bucket whole or the new one's whole: never a
+//     tat of one with the fingerprint of the other.
 
 import (
 	"math"
@@ -28,159 +50,199 @@ import (
 	"sync/atomic"
 )
 
-// clientWays is how many slots a group holds: one tag word's worth.
+// clientWays is how many slots a group holds: two cache lines of them.
 const clientWays = 8
 
-// Tag words are read eight bytes at once. A byte is lane i of a word when
-// it sits at bits 8i..8i+7.
-const (
-	laneLow  = 0x0101010101010101 // 0x01 in every lane
-	laneHigh = 0x8080808080808080 // the top bit of every lane
-)
+// giving marks a slot's tat while the slot is being given to a prefix: a
+// check that finds it goes to the shard's lock. No reading reaches it
+// (clampReading).
+const giving = math.MinInt64
 
-// clientSlot is one prefix and its bucket, kept as its tat (see clients.go).
+// clientSlot is one prefix, by its fingerprint, and its bucket, kept as its
+// tat (see clients.go).
 type clientSlot struct {
-	key clientKey
-	tat int64
+	fp  atomic.Uint64 // the prefix's fingerprint; 0: the slot is empty
+	tat atomic.Int64
 }
 
-// clientShard is one lock's worth of the table.
+// clientShard is one lock's worth of the table. Its first cache line is
+// read by every check and written once; the second is written when a slot
+// changes hands or a prefix overflows, so a flood of new prefixes does not
+// take the first from the other cores.
 type clientShard struct {
-	mu     sync.Mutex
-	tags   []uint64     // one word per group: byte i is the tag of slot i, 0 if empty
 	slots  []clientSlot // groups of ways slots, one after the other
 	ways   int
-	lanes  uint64 // the top bit of each lane that names a slot: ways lanes
 	groups int
-	floor  int64 // the latest tat of a bucket evicted from this shard
+	_      [24]byte
+
+	mu    sync.Mutex // held to give a slot to a prefix; a token takes no lock
+	floor int64      // the latest tat of a bucket evicted from this shard; guarded by mu
 
 	// Read without the lock by Len, Evictions and Overflows.
 	size      atomic.Int64
 	evictions atomic.Uint64
 	overflows atomic.Uint64
 
-	_ [64]byte // keeps the next shard's lock off this shard's cache lines
+	_ [24]byte
 }
 
-// init makes s an empty shard of groups groups of ways slots, 1 <= ways <= 8.
+// init makes s an empty shard of groups groups of ways slots, 1 <= ways <=
+// clientWays.
 func (s *clientShard) init(groups, ways int) {
-	s.tags = make([]uint64, groups)
-	s.slots = make([]clientSlot, groups*ways)
+	s.slots = make([]clientSlot, groups*ways) // a table of any size starts a cache line
 	s.ways, s.groups, s.floor = ways, groups, noFloor
-	s.lanes = laneHigh >> (8 * (clientWays - ways))
 }
 
 // noFloor is a tat older than any reading: the floor of a shard that has
 // evicted nothing yet.
-const noFloor = math.MinInt64
+const noFloor = math.MinInt64 + 1
 
-// groupsOf returns the two groups of a prefix whose seeded hash is hash.
-// The shard was chosen by the hash's top bits; each group by bits further
+// groupsOf returns the two groups of a prefix whose fingerprint is fp. The
+// shard was chosen by the fingerprint's top bits; each group by bits further
 // down, so the three choices are independent.
-func (s *clientShard) groupsOf(hash uint64) (int, int) {
-	g1, _ := bits.Mul64(bits.RotateLeft64(hash, 21), uint64(s.groups))
-	g2, _ := bits.Mul64(bits.RotateLeft64(hash, 42), uint64(s.groups))
+func (s *clientShard) groupsOf(fp uint64) (int, int) {
+	g1, _ := bits.Mul64(bits.RotateLeft64(fp, 21), uint64(s.groups))
+	g2, _ := bits.Mul64(bits.RotateLeft64(fp, 42), uint64(s.groups))
 	return int(g1), int(g2)
 }
 
-// tagOf returns the tag of a prefix whose seeded hash is hash: bits the
-// shard and group choices hardly use, never 0.
-func tagOf(hash uint64) uint64 {
-	return max(1, hash>>48&0xff)
+// group returns the slots of group g.
+func (s *clientShard) group(g int) []clientSlot {
+	return s.slots[g*s.ways : (g+1)*s.ways]
 }
 
-// zeroLanes returns the top bit of every lane of w that is 0, and no other.
-func zeroLanes(w uint64) uint64 {
-	const low7 = laneHigh - laneLow // 0x7f in every lane
-	// A lane's top bit is set in (w&low7)+low7 when its low seven bits are
-	// not all 0, in w when its own is: in neither only when the lane is 0.
-	// No lane carries into the next.
-	return ^((w&low7 + low7) | w | low7)
-}
-
-// matching returns the top bit of each lane of group g whose tag is tag.
-// It requires that s.mu is held.
-func (s *clientShard) matching(g int, tag uint64) uint64 {
-	return zeroLanes(s.tags[g]^tag*laneLow) & s.lanes
-}
-
-// find returns the slot of key among the lanes of group g in m, or -1.
-// It requires that s.mu is held.
-func (s *clientShard) find(g int, m uint64, key clientKey) int {
-	for ; m != 0; m &= m - 1 {
-		if i := g*s.ways + bits.TrailingZeros64(m)/8; s.slots[i].key == key {
-			return i
+// find returns the slot holding fp in group g1 or g2, or nil. The second
+// group's slots are read before the first's are all compared (the processor
+// runs ahead past compares it predicts to fail), so that when the groups miss
+// the cache their fetches wait together.
+func (s *clientShard) find(g1, g2 int, fp uint64) *clientSlot {
+	a, b := s.group(g1), s.group(g2)
+	for i := range a {
+		if a[i].fp.Load() == fp {
+			return &a[i]
 		}
 	}
-	return -1
-}
-
-// slotFor returns the slot of key's bucket, giving it one if it has none,
-// or -1 when both its groups are full of busy buckets. It requires that
-// s.mu is held.
-func (s *clientShard) slotFor(key clientKey, hash uint64, now int64) int {
-	g1, g2 := s.groupsOf(hash)
-	tag := tagOf(hash)
-	// Both tag words are read before either group's slots, so that the
-	// two reads, when they miss the cache, wait together.
-	m1, m2 := s.matching(g1, tag), s.matching(g2, tag)
-	if i := s.find(g1, m1, key); i >= 0 {
-		return i
-	}
-	if g2 != g1 {
-		if i := s.find(g2, m2, key); i >= 0 {
-			return i
+	for i := range b {
+		if b[i].fp.Load() == fp {
+			return &b[i]
 		}
 	}
-	return s.place(g1, g2, key, tag, now)
+	return nil
 }
 
-// place gives a new prefix a slot in group g1 or g2, as the head comment
-// says, or returns -1 when there is none to give. It requires that s.mu is
-// held.
-func (s *clientShard) place(g1, g2 int, key clientKey, tag uint64, now int64) int {
-	empty1 := zeroLanes(s.tags[g1]) & s.lanes
-	empty2 := zeroLanes(s.tags[g2]) & s.lanes
-	switch free1, free2 := bits.OnesCount64(empty1), bits.OnesCount64(empty2); {
-	case free1 > 0 && free1 >= free2:
+// take takes a token from the bucket in sl, which held fp's bucket when
+// found, and reports whether it did. held is false, and nothing taken, when
+// sl no longer holds fp's bucket or is being given to a prefix: the caller
+// then looks again under the shard's lock. It takes no lock.
+func (l *ClientLimiter) take(sl *clientSlot, fp uint64, now int64) (ok, held bool) {
+	for {
+		tat := sl.tat.Load()
+		if tat == giving || sl.fp.Load() != fp {
+			return false, false
+		}
+		next, ok := l.admit(tat, now)
+		if !ok {
+			if sl.tat.Load() == tat { // the bucket read was fp's throughout
+				return false, true
+			}
+			continue
+		}
+		if sl.tat.CompareAndSwap(tat, next) {
+			return true, true
+		}
+		// Another check took a token, or the slot was given away: again.
+	}
+}
+
+// place gives fp a slot in group g1 or g2, as the head comment says, and
+// takes a token from its new bucket. It returns the slot, or nil when there
+// is none to give. It requires that s.mu is held.
+func (s *clientShard) place(l *ClientLimiter, g1, g2 int, fp uint64, now int64) (sl *clientSlot, ok bool) {
+	a, b := s.group(g1), s.group(g2)
+	if e1, e2 := empties(a), empties(b); e1 > 0 && e1 >= e2 {
+		sl = firstEmpty(a)
+	} else if e2 > 0 {
+		sl = firstEmpty(b)
+	}
+	if sl != nil {
 		s.size.Add(1)
-		return s.put(g1*s.ways+bits.TrailingZeros64(empty1)/8, key, tag, now)
-	case free2 > 0:
-		s.size.Add(1)
-		return s.put(g2*s.ways+bits.TrailingZeros64(empty2)/8, key, tag, now)
+		sl.tat.Store(giving) // no check can hold it (fingerprint 0); this keeps it so
+		return sl, s.give(l, sl, fp, now)
 	}
-	victim := s.oldest(g1, now)
-	if o := s.oldest(g2, now); o >= 0 && (victim < 0 || s.slots[o].tat < s.slots[victim].tat) {
-		victim = o
+	// Evict. A check may take a token from the chosen bucket meanwhile, so
+	// the slot is marked giving first and its tat seen as it was then: still
+	// full at now, it goes; busy now, it is put back as it was (its owner never
+	// changed, so a check that read that tat before may still swap it) and
+	// the choice is made again. A bucket busy at now stays busy, so that
+	// happens at most once per slot. (A compare-and-swap with the tat seen
+	// when choosing failed again and again when checks with older readings
+	// kept taking tokens from a bucket that stayed full, and sent the new
+	// prefix to the overflow bucket beside a bucket it could take.)
+	for range 2*s.ways + 1 {
+		victim, least := oldest(a, now)
+		if v, t := oldest(b, now); v != nil && (victim == nil || t < least) {
+			victim = v
+		}
+		if victim == nil {
+			return nil, false
+		}
+		tat := victim.tat.Swap(giving)
+		if tat > now {
+			victim.tat.Store(tat)
+			continue
+		}
+		s.floor = max(s.floor, tat)
+		s.evictions.Add(1)
+		return victim, s.give(l, victim, fp, now)
 	}
-	if victim < 0 {
-		return -1
-	}
-	s.floor = max(s.floor, s.slots[victim].tat)
-	s.evictions.Add(1)
-	return s.put(victim, key, tag, now)
+	return nil, false
 }
 
-// oldest returns the slot of group g, whose slots are all taken, holding the
-// bucket full the longest at now (the first of equals), or -1 when every
-// bucket there is still refilling. It requires that s.mu is held.
-func (s *clientShard) oldest(g int, now int64) int {
-	found := -1
-	for i := g * s.ways; i < (g+1)*s.ways; i++ {
-		if tat := s.slots[i].tat; tat <= now && (found < 0 || tat < s.slots[found].tat) {
-			found = i
+// give hands sl, marked giving, to fp with a full bucket, full from now or
+// from the floor if that is later, and takes a token from it. The new tat is
+// later than the evicted bucket's: the floor is at least that, and a token
+// taken moves it on (a bucket starting at the floor, after now, is refused
+// only if it is still more than a burst ahead of now, so later still). It
+// requires that s.mu is held.
+func (s *clientShard) give(l *ClientLimiter, sl *clientSlot, fp uint64, now int64) bool {
+	start := max(now, s.floor)
+	next, ok := l.admit(start, now)
+	sl.fp.Store(fp)
+	sl.tat.Store(next) // admit returns start unchanged when it refuses
+	return ok
+}
+
+// empties returns how many slots of g are empty.
+func empties(g []clientSlot) int {
+	n := 0
+	for i := range g {
+		if g[i].fp.Load() == 0 {
+			n++
 		}
 	}
-	return found
+	return n
 }
 
-// put gives slot i to key, whose tag is tag, with a full bucket, full from
-// now or from the floor if that is later: a bucket re-created after an
-// eviction never starts before the evicted one ended. It requires that s.mu
-// is held.
-func (s *clientShard) put(i int, key clientKey, tag uint64, now int64) int {
-	g, lane := i/s.ways, i%s.ways
-	s.tags[g] = s.tags[g]&^(0xff<<(8*lane)) | tag<<(8*lane)
-	s.slots[i] = clientSlot{key: key, tat: max(now, s.floor)}
-	return i
+// firstEmpty returns the first empty slot of g, or nil.
+func firstEmpty(g []clientSlot) *clientSlot {
+	for i := range g {
+		if g[i].fp.Load() == 0 {
+			return &g[i]
+		}
+	}
+	return nil
+}
+
+// oldest returns the slot of g holding the bucket full the longest at now
+// (the first of equals) and its tat, or nil when every bucket there is still
+// refilling. The slots of g are all taken.
+func oldest(g []clientSlot, now int64) (*clientSlot, int64) {
+	var found *clientSlot
+	var least int64
+	for i := range g {
+		if tat := g[i].tat.Load(); tat != giving && tat <= now && (found == nil || tat < least) {
+			found, least = &g[i], tat
+		}
+	}
+	return found, least
 }
