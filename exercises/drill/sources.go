@@ -44,7 +44,7 @@ func drillSources(r *rig) error {
 		}
 		r.stopProxy()
 	}
-	r.printf("\n  Notice: the table's slots are allocated at start-up (24 bytes each, %.1f MB) and touched as\n", 24*table/1e6)
+	r.printf("\n  Notice: the table's slots are allocated at start-up (16 bytes each, %.1f MB) and touched as\n", 16*table/1e6)
 	r.printf("  prefixes arrive; once full, a new prefix evicts an idle bucket or shares the overflow bucket,\n")
 	r.printf("  so a flood from ever more sources adds nothing: what RSS there is beyond the gate-off run is the table.\n")
 	r.numbers = map[string]int{"rss_off_mb": int(end[0]), "rss_on_mb": int(end[1])}
