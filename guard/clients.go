@@ -245,8 +245,8 @@ func (l *ClientLimiter) shardOf(k clientKey) (*clientShard, uint64) {
 
 // mix folds the 128-bit product of a and b into 64 bits, each bit of the
 // result depending on most bits of both: two rounds of it, keyed by the
-// seed, spread prefixes over shards, groups and tags as a general-purpose
-// hash would, in a few instructions.
+// seed, spread prefixes over shards and groups and fingerprint them, as a
+// general-purpose hash would, in a few instructions.
 func mix(a, b uint64) uint64 {
 	hi, lo := bits.Mul64(a, b)
 	return hi ^ lo
