@@ -19,11 +19,13 @@ package guard
 // then the one slot they pointed to: two fetches, one after the other, each
 // a miss in a table of megabytes. With groups of four, one line each, a
 // table filled with busy prefixes sent its first new one to the overflow
-// bucket half full instead of three quarters.) The fingerprint is the prefix's seeded
-// 64-bit hash, never 0, which marks an empty slot. Two prefixes with the
-// same fingerprint would share one bucket: each gets less, never more, and
-// no one can aim at another's fingerprint without the seed (and whoever can
-// send from a victim's address drains its bucket more simply by doing so).
+// bucket half full instead of three quarters.)
+//
+// The fingerprint is the prefix's seeded 64-bit hash, never 0, which marks
+// an empty slot. Two prefixes with the same fingerprint would share one
+// bucket: each gets less, never more, and no one can aim at another's
+// fingerprint without the seed (and whoever can send from a victim's
+// address drains its bucket more simply by doing so).
 //
 // Taking a token takes no lock. A check finds its fingerprint in one of the
 // sixteen slots and moves the slot's tat forward with a compare-and-swap; the
