@@ -20,11 +20,13 @@ vet:
 	$(GO) vet ./...
 
 # bench runs the guard benchmarks (beside x/time/rate and gobreaker), choosing
-# an upstream (pool), the fleet limiter's Allow (beside the local bucket) and
-# the whole UDP path; make compare measures the whole proxy beside its peers.
+# an upstream (pool), the fleet limiter's Allow (beside the local bucket), the
+# answer cache's hits and stores (beside a map) and the whole UDP path; make
+# compare measures the whole proxy beside its peers.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./guard/
 	$(GO) test -run '^$$' -bench . -benchmem ./pool/
+	$(GO) test -run '^$$' -bench . -benchmem ./cache/
 	$(GO) test -run '^$$' -bench . -benchmem ./fleet/
 	$(GO) test -run '^$$' -bench UDPPath -benchmem -benchtime 3s .
 
