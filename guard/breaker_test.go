@@ -368,7 +368,7 @@ func TestBreakerConcurrent(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroupWithin(t, &wg, time.Minute)
 	mu.Lock()
 	defer mu.Unlock()
 	if s := b.State(); s != last {

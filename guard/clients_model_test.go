@@ -239,13 +239,7 @@ func TestClientLimiterBoundUnderRaces(t *testing.T) {
 				}
 			}()
 		}
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(time.Minute):
-			t.Fatal("the goroutines did not finish within a minute")
-		}
+		waitGroupWithin(t, &wg, time.Minute)
 		var excess, total int64
 		gmin, gmax := int64(math.MaxInt64), int64(math.MinInt64)
 		for p := range prefixes {

@@ -456,13 +456,7 @@ func TestClientLimiterConcurrent(t *testing.T) {
 					}
 				}()
 			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(time.Minute):
-				t.Fatal("the goroutines did not finish within a minute")
-			}
+			waitGroupWithin(t, &wg, time.Minute)
 			elapsed := time.Since(start)
 			bound := burst + rate*elapsed.Seconds()
 			excess, total := 0.0, int64(0)
@@ -730,7 +724,7 @@ func TestClientLimiterConcurrentGiving(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		waitGroupWithin(t, &wg, time.Minute)
 		if n := admitted.Load(); n > (slots+1)*burst || n == 0 {
 			t.Fatalf("phase %d admitted %d, want 1..%d", phase, n, (slots+1)*burst)
 		}

@@ -146,7 +146,7 @@ func TestRetryBudgetConcurrent(t *testing.T) {
 			mu.Unlock()
 		})
 	}
-	wg.Wait()
+	waitGroupWithin(t, &wg, time.Minute)
 	seconds := int(time.Since(start)/time.Second) + 1
 	if limit := 16000/10 + 2*seconds; granted > limit {
 		t.Fatalf("%d retries let through for 16000 first attempts over %d s, want at most %d", granted, seconds, limit)
