@@ -128,14 +128,23 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 }
 
 // join adds f's leader to the flight with the same key, if one is in the
-// air with room, and reports whether it did; f is then recycled.
+// air with room, and reports whether it did; f is then recycled. A query
+// that holds an expired entry to answer stale from (stale.go) joins only a
+// flight that holds one too: a flight without one, a prefetch of the entry
+// while it was fresh, answers its waiters SERVFAIL if it fails and arms no
+// client-response timer, so the query would lose the stale answer it was
+// owed. It refreshes on its own instead.
 func (p *proxy) join(f *flight) bool {
+	stale := f.cached.fallback.Stale()
 	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
 	for g := *sh.chain(f.hash); g != nil; g = g.next {
 		if g.hash == f.hash && g.key.Equal(&f.key) {
 			if len(g.joiners) >= maxFollowers {
 				continue // full: a newer flight beside it may have room
+			}
+			if stale && !g.cached.fallback.Stale() {
+				continue // it could not answer f stale
 			}
 			g.joiners = append(g.joiners, f.lead)
 			sh.mu.Unlock()
