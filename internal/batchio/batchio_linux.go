@@ -155,7 +155,10 @@ func (s *writerSys) init(w *Writer) error {
 func (s *writerSys) write(w *Writer, ps []packet, arena []byte, wait bool) (int, bool) {
 	for i, p := range ps {
 		h := &s.hdrs[i].Hdr
-		s.iovs[i].Base = &arena[p.start]
+		s.iovs[i].Base = nil // an empty packet, an empty datagram: no byte to point at
+		if p.end > p.start {
+			s.iovs[i].Base = &arena[p.start]
+		}
 		s.iovs[i].SetLen(p.end - p.start)
 		h.Iov = &s.iovs[i]
 		h.SetIovlen(1)

@@ -175,3 +175,42 @@ func TestLoneSendGoesOutAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// An empty packet, alone or last in its batch, goes out as an empty
+// datagram and the packets around it arrive: its payload has no byte to
+// point at.
+func TestEmptyPacket(t *testing.T) {
+	from, to := listen(t, "udp4", "127.0.0.1:0"), listen(t, "udp4", "127.0.0.1:0")
+	w, err := NewWriter(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := to.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, p := range []string{"", "one", ""} {
+		if err := w.Send(dst, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Hold()
+	w.Queue(dst, []byte("two"))
+	w.Queue(dst, nil) // last in a batch of two
+	w.Release()
+	r, err := NewReader(to, MaxBatch, 1500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got []string
+	for len(got) < 5 {
+		k, err := r.Read()
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		for i := range k {
+			got = append(got, string(r.Packet(i)))
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]string{"", "one", "", "two", ""}) {
+		t.Fatalf("got %q", got)
+	}
+}
