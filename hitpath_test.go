@@ -128,7 +128,7 @@ func TestCacheHitTakesNoSecondReading(t *testing.T) {
 			t.Cleanup(func() {
 				a.upstreams.Close()
 				if a.proxy.qlog != nil {
-					a.proxy.qlog.close()
+					closeQueryLog(t, a.proxy.qlog)
 				}
 			})
 			srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(func(w dnsserver.ResponseWriter, q *dnsserver.Query) {

@@ -228,7 +228,7 @@ func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.closeOutputs()
+			a.closeOutputsAfterFailedStart()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
@@ -243,7 +243,7 @@ func (a *app) start() error {
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.closeOutputs()
+		a.closeOutputsAfterFailedStart()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
@@ -281,16 +281,25 @@ func (a *app) shutdown(ctx context.Context) error {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.closeOutputs()
+	a.closeOutputs(ctx)
 	return err
 }
 
-// closeOutputs closes the upstream sockets and writes out the query log.
-func (a *app) closeOutputs() {
+// closeOutputs closes the upstream sockets and writes out the query log,
+// within ctx.
+func (a *app) closeOutputs(ctx context.Context) {
 	a.upstreams.Close()
 	if a.proxy.qlog != nil {
-		a.proxy.qlog.close()
+		a.proxy.qlog.close(ctx)
 	}
+}
+
+// closeOutputsAfterFailedStart is closeOutputs when start fails, before
+// any query: the query log holds nothing to wait long for.
+func (a *app) closeOutputsAfterFailedStart() {
+	ctx, cancel := context.WithTimeout(context.Background(), reopenTimeout)
+	defer cancel()
+	a.closeOutputs(ctx)
 }
 
 // ownPorts are the ports the proxy listens on, which its upstream sockets

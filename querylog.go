@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -105,15 +106,16 @@ type logEntry struct {
 
 // queryLog is the bounded buffer and its writer goroutine.
 type queryLog struct {
-	entries chan logEntry
-	keep    uint64 // a line is kept when a random uint64 is below it; math.MaxUint64 keeps all
-	written atomic.Uint64
-	dropped atomic.Uint64
-	reopens chan chan struct{} // each SIGHUP's request, closed once done
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
-	log     *slog.Logger
+	entries    chan logEntry
+	keep       uint64 // a line is kept when a random uint64 is below it; math.MaxUint64 keeps all
+	written    atomic.Uint64
+	dropped    atomic.Uint64
+	reopens    chan chan struct{} // a SIGHUP's request, closed once done; room for one waiting
+	reopenWait time.Duration      // how long a SIGHUP waits for its request to be done
+	stop       chan struct{}
+	done       chan struct{}
+	once       sync.Once
+	log        *slog.Logger
 
 	path string // the file's, reopened on SIGHUP; "" for stderr
 
@@ -153,15 +155,16 @@ func newQueryLog(out io.Writer, file *os.File, sample float64, capacity int, log
 		keep = uint64(sample * (1 << 64))
 	}
 	l := &queryLog{
-		entries: make(chan logEntry, capacity),
-		keep:    keep,
-		reopens: make(chan chan struct{}),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		log:     log,
-		out:     out,
-		file:    file,
-		buf:     make([]byte, 0, 64<<10),
+		entries:    make(chan logEntry, capacity),
+		keep:       keep,
+		reopens:    make(chan chan struct{}, 1),
+		reopenWait: reopenTimeout,
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		log:        log,
+		out:        out,
+		file:       file,
+		buf:        make([]byte, 0, 64<<10),
 	}
 	if file != nil {
 		l.path = file.Name()
@@ -193,6 +196,9 @@ func (l *queryLog) stats() (written, dropped uint64) {
 // reopen asks the writer to write out what it holds and reopen the file at
 // the same path, as a log rotation needs, and waits (bounded) until it has.
 // Lines added after it returns go to the new file. For stderr it does nothing.
+// The request waits in a channel with room for one, so that a writer stuck
+// in a write on its disk holds up neither the SIGHUP nor the signal loop
+// that must still hear SIGTERM: it reopens when its write returns.
 func (l *queryLog) reopen() {
 	if l.path == "" {
 		return
@@ -202,19 +208,31 @@ func (l *queryLog) reopen() {
 	case l.reopens <- ack:
 	case <-l.done:
 		return
+	default:
+		l.log.Warn("query log: a reopen asked for before still waits for the writer; it will reopen when its write returns", "path", l.path)
+		return
 	}
+	t := time.NewTimer(l.reopenWait)
+	defer t.Stop()
 	select {
 	case <-ack:
-	case <-time.After(reopenTimeout):
+	case <-l.done:
+	case <-t.C:
 		l.log.Warn("query log: the writer did not reopen its file in time; it will when its write returns", "path", l.path)
 	}
 }
 
-// close writes out every line buffered and stops the writer. Lines added
-// afterwards are never written.
-func (l *queryLog) close() {
+// close writes out every line buffered and stops the writer, waiting for it
+// no longer than ctx allows: a writer stuck in a write on its disk does not
+// hold up the process's shutdown, and the lines it still holds are lost.
+// Lines added afterwards are never written.
+func (l *queryLog) close(ctx context.Context) {
 	l.once.Do(func() { close(l.stop) })
-	<-l.done
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		l.log.Warn("query log: the writer is stuck in a write; stopping without the lines it holds", "path", l.path)
+	}
 }
 
 // run is the writer goroutine.

@@ -217,7 +217,7 @@ func TestQueryLogDropsWhenFull(t *testing.T) {
 		t.Fatalf("writer blocked: %d written, %d dropped of %d with room for %d", written, dropped, added, capacity)
 	}
 	close(w.release)
-	l.close()
+	closeQueryLog(t, l)
 	written, dropped = l.stats()
 	if written+dropped != added || int(written) != w.lines {
 		t.Fatalf("%d written (%d reached the writer) + %d dropped, want %d in all", written, w.lines, dropped, added)
@@ -243,7 +243,7 @@ func TestQueryLogSample(t *testing.T) {
 			for range 20000 {
 				l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "")
 			}
-			l.close()
+			closeQueryLog(t, l)
 			written, dropped := l.stats()
 			lines := strings.Count(out.String(), "\n")
 			if dropped != 0 || int(written) != lines || lines < tt.min || lines > tt.max {
@@ -349,7 +349,7 @@ func TestQueryLogNameEscapes(t *testing.T) {
 // a copy of its question, a send into the buffer.
 func BenchmarkQueryLogAdd(b *testing.B) {
 	l := newQueryLog(io.Discard, nil, 1, queryLogBuffer, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	defer l.close()
+	defer l.close(context.Background())
 	m, _ := query("www.example.com", dns.TypeA).Pack()
 	client := netip.MustParseAddrPort("127.0.0.1:5353")
 	b.ReportAllocs()
@@ -372,5 +372,19 @@ func BenchmarkQueryLogLine(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = e.appendJSON(buf[:0])
+	}
+}
+
+// closeQueryLog closes l, failing the test if its writer is not done within
+// a few seconds.
+func closeQueryLog(t *testing.T, l *queryLog) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l.close(ctx)
+	select {
+	case <-l.done:
+	default:
+		t.Fatal("the query log's writer did not stop within 5s")
 	}
 }
