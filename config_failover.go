@@ -103,10 +103,11 @@ func (c *Config) settleUpstreams(given envText, listen netip.AddrPort, r resolve
 		case loops(listen, up):
 			return fmt.Errorf("%s=%q: must not be %s (%v): every query would come back to dnsproxi", keyUpstream, text, keyListen, listen)
 		}
-		if first, ok := seen[up]; ok {
+		same := netip.AddrPortFrom(up.Addr().Unmap(), up.Port()) // ::ffff:a.b.c.d is a.b.c.d
+		if first, ok := seen[same]; ok {
 			return fmt.Errorf("%s=%q: entry %d (%v) repeats entry %d", keyUpstream, text, i+1, up, first)
 		}
-		seen[up] = i + 1
+		seen[same] = i + 1
 		settled[i] = up.String()
 	}
 	c.Upstream = strings.Join(settled, ",")

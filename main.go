@@ -191,6 +191,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		MaxTCPConns:    cfg.TCPMaxConns,
 		TCPIdleTimeout: cfg.TCPIdleTimeout,
 		OnDropped:      func(reason string) { m.Dropped.WithLabelValues(reason).Inc() },
+		Overloaded:     dnsserver.HandlerFunc(p.refuseUnanswered),
 		Writers:        replies,
 		Forwards:       queries,
 	}

@@ -288,6 +288,14 @@ func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e
 	putBuf(bp, b)
 }
 
+// refuseUnanswered answers a TCP query the server turns away because it
+// holds too many unanswered (dnsserver.Server.MaxUnanswered): REFUSED, as
+// the proxy's own answers are built (its OPT, EDE and RA). The server
+// counts it (dropped "overloaded").
+func (p *proxy) refuseUnanswered(w dnsserver.ResponseWriter, q *dnsserver.Query) {
+	p.own(w, q, dns.RcodeRefused, edeOverloaded)
+}
+
 // count counts q, answered by the proxy itself with rcode (noAnswer:
 // dropped), under outcome o.
 func (p *proxy) count(qtype metrics.QTypeRow, o metrics.Outcome, start time.Time, q *dnsserver.Query, rcode int) {

@@ -13,6 +13,7 @@ package dnsserver
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -116,6 +117,10 @@ type Server struct {
 	// than a header, or a TCP length beyond 4096; "response", "overloaded",
 	// "tcp_conn_limit", "tcp_slow_reader").
 	OnDropped func(reason string)
+	// Overloaded, if set, answers a TCP query beyond MaxUnanswered (REFUSED,
+	// built as the handler builds its own answers); it must not block. Nil:
+	// a bare REFUSED, with an OPT record if the query had one.
+	Overloaded Handler
 	// Writers, if set, gets the UDP sockets' writers while the server
 	// serves: whoever hands out a batch of upstream replies holds it, so
 	// that the answers to those queries leave together (batchio.Group).
@@ -342,10 +347,25 @@ func (s *Server) dispatch(w ResponseWriter, q *Query) {
 			w.Drop()
 			return
 		}
-		w.Write(wire.AppendReply(make([]byte, 0, q.QEnd), q.Wire, q.QEnd, dns.RcodeRefused))
+		if s.Overloaded != nil {
+			s.Overloaded.ServeDNS(w, q)
+			return
+		}
+		w.Write(refusal(q))
 		return
 	}
 	s.Handler.ServeDNS(w, q)
+}
+
+// refusal is a bare REFUSED to q, with an OPT record (RFC 6891 §6.1.1) if q
+// had one.
+func refusal(q *Query) []byte {
+	b := wire.AppendReply(make([]byte, 0, q.QEnd+11), q.Wire, q.QEnd, dns.RcodeRefused)
+	if q.EDNS.Present {
+		b = wire.AppendOPT(b, dns.MinMsgSize, 0, q.EDNS.DO, nil)
+		wire.SetCounts(b, int(binary.BigEndian.Uint16(b[4:])), 0, 0, 1)
+	}
+	return b
 }
 
 // parse reads a query. It reports false, and counts why, for a packet that
@@ -364,7 +384,12 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 	q.Opcode = wire.Opcode(pkt)
 	q.QDCount, _, _, _ = wire.Counts(pkt)
 	if q.QDCount == 0 {
-		return true // the handler answers FORMERR: no question to read further
+		// The handler answers FORMERR, with an OPT if the query's reads
+		// (RFC 6891 §6.1.1; a cookie-only query has no question, RFC 7873 §5.4).
+		if sec, ok := wire.ReadSections(pkt, wire.HeaderLen); ok {
+			q.setEDNS(sec.OPT)
+		}
+		return true
 	}
 	end, ok := wire.QuestionEnd(pkt)
 	if !ok {
@@ -376,15 +401,22 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 		return true // FORMERR too: the records after the second question are not read
 	}
 	sec, ok := wire.ReadSections(pkt, end)
+	if ok {
+		q.setEDNS(sec.OPT) // bytes after it or not: its FORMERR carries an OPT too
+	}
 	if !ok || sec.End != len(pkt) {
 		q.Malformed = true
-		return true
-	}
-	q.EDNS = sec.OPT
-	if sec.OPT.Present {
-		q.UDPSize = max(sec.OPT.Size, dns.MinMsgSize)
 	}
 	return true
+}
+
+// setEDNS records the query's OPT record, if it has one, and the UDP size
+// it offers.
+func (q *Query) setEDNS(opt wire.EDNS) {
+	q.EDNS = opt
+	if opt.Present {
+		q.UDPSize = max(opt.Size, dns.MinMsgSize)
+	}
 }
 
 // clientOf returns the address a connection comes from, IPv4 unmapped.

@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -78,10 +79,18 @@ func parseURL(raw string) (redisTarget, error) {
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return fail("takes no query or fragment: the timeouts are configured apart")
 	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fail("port %q: want 1..65535", p)
+		}
+	}
 	opts, err := redis.ParseURL(raw)
 	if err != nil {
 		// Only the path is left to go wrong here (the database number).
 		return fail("the path must be a database number, got %q", u.Path)
+	}
+	if opts.DB < 0 {
+		return fail("database number %d: want 0 or more", opts.DB)
 	}
 	return redisTarget{options: opts, shown: shown, password: password}, nil
 }
