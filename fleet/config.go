@@ -48,8 +48,8 @@ type Config struct {
 	// DefaultTimeout; negative is an error.
 	Timeout time.Duration
 	// Fallback is the local rate, in tokens per second, before Redis has
-	// ever answered (the share once it has is Rate ÷ the instances last
-	// seen). Default: Rate, so that a lone instance is not throttled by a
+	// ever answered (the share once it has is Rate ÷ the largest fleet seen
+	// lately). Default: Rate, so that a lone instance is not throttled by a
 	// Redis it cannot reach. It must not exceed Rate.
 	Fallback float64
 	// Clock reads time for the lease's expiry, the local bucket and the

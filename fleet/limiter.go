@@ -31,8 +31,9 @@ const (
 	// ModeStarting is the mode before New's first call to Redis; it only
 	// appears as the From of the first Switch.
 	ModeStarting Mode = iota
-	// ModeLocal spends a local bucket: the fleet's rate ÷ the instances last
-	// seen, or Config.Fallback before Redis has ever answered.
+	// ModeLocal spends a local bucket: the fleet's rate ÷ the largest fleet
+	// seen within a membership's life, or Config.Fallback before Redis has
+	// ever answered.
 	ModeLocal
 	// ModeShared spends leases from the fleet's bucket on Redis.
 	ModeShared

@@ -92,6 +92,22 @@ type loopState struct {
 	everShared  bool
 	switches    atomic.Uint64
 	hasReported bool
+
+	// The largest fleet seen lately, for a local share: right after Redis
+	// restarts empty (or loses its keys), the instances come back one by
+	// one and see fleets of 1, 2, ... until every one has called, and a
+	// share of those counts, taken if Redis dies again then, would let the
+	// fleet spend many times the rate. A count seen within membershipLife
+	// is one that may still hold.
+	peak   int64
+	peakAt time.Time
+}
+
+// seen notes a fleet of n instances counted at now.
+func (s *loopState) seen(n int64, now time.Time) {
+	if n >= s.peak || now.Sub(s.peakAt) > membershipLife {
+		s.peak, s.peakAt = n, now
+	}
 }
 
 // start makes New's first call and reports the mode it leaves the limiter in.
@@ -209,6 +225,7 @@ func (l *Limiter) call(now time.Time) error {
 		return err
 	}
 	l.fleet.Store(int64(reply.instances))
+	s.seen(int64(reply.instances), now)
 	l.lease.low.Store((s.block + 1) / 2)
 	l.lease.add(reply.granted, now.Add(leaseLife))
 	s.everShared = true
@@ -265,6 +282,9 @@ func (l *Limiter) toLocal(why error) {
 		return
 	}
 	instances := int(l.fleet.Load())
+	if !s.peakAt.IsZero() && l.now().Sub(s.peakAt) <= membershipLife {
+		instances = max(instances, int(s.peak)) // the largest fleet that may still hold
+	}
 	rate, burst := l.s.share(instances)
 	b := guard.NewTokenBucket(rate, burst, l.s.Clock)
 	b.Allow(burst)
