@@ -83,11 +83,14 @@ type Limiter struct {
 	local  atomic.Pointer[guard.TokenBucket] // the local bucket, nil in shared mode
 	mode   atomic.Int32                      // a Mode
 	fleet  atomic.Int64                      // instances last seen
-	calls  [callResults]atomic.Uint64        // Redis calls by result
-	begun  atomic.Uint64                     // Redis calls started
-	wake   chan struct{}                     // Allow asks the goroutine for a block
-	stop   chan struct{}                     // closed by Close
-	done   chan struct{}                     // closed when the goroutine ends
+	// spentLocal is what the local bucket let through since the last call
+	// that reached Redis: that call charges it to the shared bucket.
+	spentLocal atomic.Int64
+	calls      [callResults]atomic.Uint64 // Redis calls by result
+	begun      atomic.Uint64              // Redis calls started
+	wake       chan struct{}              // Allow asks the goroutine for a block
+	stop       chan struct{}              // closed by Close
+	done       chan struct{}              // closed when the goroutine ends
 
 	s         settings
 	rdb       *redis.Client
@@ -183,8 +186,9 @@ func (l *Limiter) Allow(n int) bool {
 		return true
 	}
 	l.unmet.Add(int64(n))
-	if b := l.local.Load(); b != nil {
-		return b.Allow(n)
+	if b := l.local.Load(); b != nil && b.Allow(n) {
+		l.spentLocal.Add(int64(n)) // charged to the shared bucket when Redis answers again
+		return true
 	}
 	return false
 }

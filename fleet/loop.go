@@ -214,12 +214,15 @@ func (l *Limiter) call(now time.Time) error {
 	}
 	s.lastCall = now
 
+	debt := l.spentLocal.Swap(0)
+
 	l.begun.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
-	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member)
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, debt)
 	cancel()
 	l.calls[classify(err)].Add(1)
 	if err != nil {
+		l.spentLocal.Add(debt) // not charged: the next call that reaches Redis carries it
 		err = l.redisError(err)
 		l.toLocal(err)
 		return err

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,6 +208,104 @@ func TestCheckURLRefusesWhatNoServerCanBe(t *testing.T) {
 	} {
 		if err := CheckURL(raw); err == nil {
 			t.Errorf("CheckURL(%q) = nil, want a *URLError", raw)
+		}
+	}
+}
+
+// Redis frozen for 300 ms once every 1.5 s (a fork for a snapshot, a slow
+// command, a VM pause: a slow Redis, not a dead one). At each freeze every
+// instance's call times out and it spends its local share for about a
+// second, until its next check, while the shared bucket on Redis (alive,
+// its clock running) refills untouched. The call that reaches Redis again
+// charges what was spent locally to the bucket, so the fleet stays within
+// the slack TestFleetRedisKilled grants a run with one outage (two bursts
+// and a second of the rate). Without the charge each freeze added up to a
+// burst: 1.50 × the rate over the run.
+func TestFrozenRedisAddsNoBurstPerFreeze(t *testing.T) {
+	r := startRedis(t)
+	const rate, n, freezes = 3000.0, 3, 6
+	const burst = int(rate) // the default burst
+	cfg := Config{URL: r.url(), Rate: rate}
+	start := time.Now()
+	var limiters []*Limiter
+	for range n {
+		l, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		limiters = append(limiters, l)
+	}
+	admitted := make([]int64, n)
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, l := range limiters {
+		wg.Go(func() {
+			var a atomicCounter
+			offerCounted(l, 3*rate/n, &a, stop)
+			mu.Lock()
+			admitted[i] = a.n
+			mu.Unlock()
+		})
+	}
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	for range freezes {
+		time.Sleep(1200 * time.Millisecond) // shared: the load runs
+		r.signal(syscall.SIGSTOP)
+		time.Sleep(300 * time.Millisecond)
+		r.signal(syscall.SIGCONT)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	var total int64
+	for i, l := range limiters {
+		total += admitted[i]
+		t.Logf("instance %d: admitted %d, %d switches, calls %+v, mode %v", i, admitted[i], l.Switches(), l.RedisCalls(), l.Mode())
+		if l.Switches() < 2 {
+			t.Fatalf("instance %d switched %d times: the freezes did not reach it", i, l.Switches())
+		}
+	}
+	maxBlock := int64(rate / 10)
+	stated := rate*elapsed + float64(burst) + float64(n*2*maxBlock)
+	slack := rate*elapsed + 2*float64(burst) + rate*1 + float64(n*2*maxBlock)
+	t.Logf("%d freezes: the fleet admitted %d in %.2f s = %.2f × rate × time; stated bound %.0f, with one outage's slack %.0f",
+		freezes, total, elapsed, float64(total)/(rate*elapsed), stated, slack)
+	if float64(total) > slack {
+		t.Errorf("the fleet admitted %d in %.2f s, over rate × time + 2 bursts + rate × 1 s + 2 blocks an instance = %.0f (the README's bound: %.0f): each freeze of a live Redis let the bucket's refill through on top of the local shares",
+			total, elapsed, slack, stated)
+	}
+}
+
+// atomicCounter is a counter owned by one offering goroutine.
+type atomicCounter struct{ n int64 }
+
+// offerCounted calls l.Allow(1) perSecond times a second until stop.
+func offerCounted(l *Limiter, perSecond float64, a *atomicCounter, stop <-chan struct{}) {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	var offered int64
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			due := int64(now.Sub(start).Seconds() * perSecond)
+			for ; offered < due; offered++ {
+				if l.Allow(1) {
+					a.n++
+				}
+			}
 		}
 	}
 }

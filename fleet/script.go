@@ -18,6 +18,11 @@ package fleet
 //     fleet's size costs no extra round trip.
 //   - Both keys expire on their own once nobody calls: an absent bucket is a
 //     full one, which is what it would have refilled to anyway.
+//   - A call may carry a debt: the tokens its instance spent from its local
+//     share while it could not reach Redis. They come off the bucket (not
+//     below empty) before anything is granted: a Redis that paused, alive,
+//     refilled the bucket meanwhile, and the fleet would otherwise spend that
+//     refill on top of the local shares.
 //
 // Every key carries the same hash tag ({key}), so on Redis Cluster the
 // script's keys share one slot. Instances configured with different rates
@@ -34,12 +39,13 @@ import (
 
 // leaseScript grants up to ARGV[3] tokens and refreshes the caller's membership.
 // KEYS: bucket hash, members sorted set. ARGV: rate, burst, want, member id,
-// membership life in milliseconds. Returns {granted, members}.
+// membership life in milliseconds, debt. Returns {granted, members}.
 var leaseScript = redis.NewScript(`
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local life_ms = tonumber(ARGV[5])
+local debt = tonumber(ARGV[6]) or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZADD', KEYS[2], string.format('%.0f', now + life_ms * 1000), ARGV[4])
@@ -57,6 +63,9 @@ if now > ts then
 end
 if tokens > burst then
   tokens = burst
+end
+if debt > 0 then
+  tokens = math.max(0, tokens - debt)
 end
 local granted = 0
 if want > 0 and tokens >= 1 then
@@ -87,10 +96,10 @@ type leaseReply struct {
 }
 
 // callLease runs the script once, asking for want tokens (0 only refreshes
-// the membership), bounded by ctx.
-func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string) (leaseReply, error) {
+// the membership) and charging debt tokens spent locally, bounded by ctx.
+func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, debt int64) (leaseReply, error) {
 	vals, err := leaseScript.Run(ctx, rdb, keys,
-		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds()).Int64Slice()
+		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(), max(debt, 0)).Int64Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}

@@ -33,7 +33,7 @@ func TestLeaseScriptGrants(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a")
+			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func TestLeaseScriptDividesTheBucket(t *testing.T) {
 	}
 	for i, s := range steps {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member)
+		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, 0)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestLeaseScriptConcurrentCallers(t *testing.T) {
 		wg.Go(func() {
 			for range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i))
+				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), 0)
 				cancel()
 				if err != nil {
 					errs <- err
@@ -136,7 +136,7 @@ func TestLeaseScriptMembership(t *testing.T) {
 	defer cancel()
 	lease := func(member string) int {
 		t.Helper()
-		got, err := callLease(ctx, c, keys, 100, 100, 0, member)
+		got, err := callLease(ctx, c, keys, 100, 100, 0, member, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestLeaseScriptKeys(t *testing.T) {
 	keys := fleetKeys("tagged")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a"); err != nil {
+	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", 0); err != nil {
 		t.Fatal(err)
 	}
 	all, err := c.Keys(ctx, "*").Result()
@@ -210,7 +210,7 @@ func TestLeaseScriptClockBack(t *testing.T) {
 	if err := c.HSet(ctx, keys[0], "tokens", "0", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a"); err != nil || got.granted != 0 {
+	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", 0); err != nil || got.granted != 0 {
 		t.Fatalf("first call after the step back: %+v, %v; want nothing granted, nothing earned", got, err)
 	}
 	stamp, err := c.HGet(ctx, keys[0], "ts").Int64()
@@ -219,5 +219,32 @@ func TestLeaseScriptClockBack(t *testing.T) {
 	}
 	if now := redisTime(t, c).UnixMicro(); stamp > now {
 		t.Fatalf("the bucket is still stamped %d µs ahead of Redis's clock", stamp-now)
+	}
+}
+
+// TestLeaseScriptDebt: a call's debt (tokens spent locally while Redis
+// could not be reached) comes off the bucket before anything is granted,
+// never below empty. At a rate of 1 a second nothing refills meanwhile.
+func TestLeaseScriptDebt(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	keys := fleetKeys("debt")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	steps := []struct {
+		want, debt, granted int64
+	}{
+		{want: 30, debt: 60, granted: 30}, // a full bucket of 100: 40 left after the debt, 30 granted
+		{want: 30, debt: 0, granted: 10},  // what is left
+		{want: 5, debt: 1000, granted: 0}, // empty, and not below: a debt larger than the bucket is not carried
+	}
+	for i, s := range steps {
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt)
+		if err != nil || got.granted != s.granted {
+			t.Fatalf("step %d (want %d, debt %d): %+v, %v; want %d granted", i, s.want, s.debt, got, err, s.granted)
+		}
+	}
+	if tokens, err := c.HGet(ctx, keys[0], "tokens").Float64(); err != nil || tokens < 0 || tokens > 1 {
+		t.Fatalf("bucket holds %v (%v) after a debt larger than it, want empty, not below", tokens, err)
 	}
 }
