@@ -27,6 +27,31 @@ type AccessRule struct {
 	Prefixes []netip.Prefix // the list, when not Any; nil: the default list
 }
 
+// open names the address families every address of which the rule lets
+// query ("IPv4", "IPv6", both, or "" for none): any, or a list holding
+// 0.0.0.0/0 or ::/0.
+func (r AccessRule) open() string {
+	if r.Any {
+		return "IPv4 and IPv6"
+	}
+	var v4, v6 bool
+	for _, p := range r.Prefixes {
+		if p.Bits() == 0 {
+			v4 = v4 || p.Addr().Is4()
+			v6 = v6 || p.Addr().Is6()
+		}
+	}
+	switch {
+	case v4 && v6:
+		return "IPv4 and IPv6"
+	case v4:
+		return "IPv4"
+	case v6:
+		return "IPv6"
+	}
+	return ""
+}
+
 var errAllow = errors.New("must be any, or a comma-separated list of CIDR prefixes or addresses (such as 192.0.2.0/24, 2001:db8::/32), local for the default networks")
 
 // Decode parses any, or a comma-separated list of prefixes and addresses in

@@ -74,6 +74,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	a, err := newApp(cfg, guard.RealClock{}, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
+		if errors.As(err, new(*configError)) {
+			return 2
+		}
 		return 1
 	}
 	if err := a.start(); err != nil {
@@ -88,8 +91,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"allow", cfg.Allow.String(), "client_rate_limit", clientSummary(cfg), "limit_action", cfg.LimitAction.String(),
 		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample),
 		"cache", cacheSummary(cfg))
-	if cfg.Allow.Any {
-		log.Warn("DNS_ALLOW=any: the access list is open, every address may query; on a public address this is an open resolver")
+	if families := cfg.Allow.open(); families != "" {
+		log.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
+			"allow", cfg.Allow.String())
 	}
 	if ready != nil {
 		ready(a)

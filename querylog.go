@@ -137,10 +137,18 @@ func openQueryLog(target QueryLogTarget, sample Sample, stderr io.Writer, log *s
 	}
 	f, err := openLogFile(string(target))
 	if err != nil {
-		return nil, fmt.Errorf("DNS_QUERY_LOG=%q: %v", string(target), err)
+		return nil, &configError{fmt.Errorf("DNS_QUERY_LOG=%q: %v", string(target), err)}
 	}
 	return newQueryLog(f, f, float64(sample), queryLogBuffer, log), nil
 }
+
+// configError is a configuration the process cannot start with, found
+// only when it is put to use (a query log path that cannot be opened): run
+// stops with exit code 2, as for an error in reading the configuration.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
 
 func openLogFile(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
