@@ -17,7 +17,7 @@ import (
 // answers a second. Beyond it, denied UDP queries are dropped.
 const (
 	deniedRate  = 10
-	deniedBurst = 10
+	deniedBurst = 1 // 11 at most in any second (a burst of 10 let 20 through after a quiet spell)
 )
 
 // AccessRule is DNS_ALLOW: the clients that may query. The zero value is
@@ -28,19 +28,22 @@ type AccessRule struct {
 }
 
 // open names the address families every address of which the rule lets
-// query ("IPv4", "IPv6", both, or "" for none): any, or a list holding
-// 0.0.0.0/0 or ::/0.
+// query ("IPv4", "IPv6", both, or "" for none): any, or a list that covers a
+// whole family however it is written (0.0.0.0/0; ::ffff:0:0/96, which the
+// access list reads as IPv4; 0.0.0.0/1 with 128.0.0.0/1).
 func (r AccessRule) open() string {
 	if r.Any {
 		return "IPv4 and IPv6"
 	}
-	var v4, v6 bool
+	set := make([]netip.Prefix, 0, len(r.Prefixes))
 	for _, p := range r.Prefixes {
-		if p.Bits() == 0 {
-			v4 = v4 || p.Addr().Is4()
-			v6 = v6 || p.Addr().Is6()
+		if p.Addr().Is4In6() && p.Bits() >= 96 { // as the access list reads it
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked()
 		}
+		set = append(set, p.Masked())
 	}
+	v4 := coversAll(set, netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+	v6 := coversAll(set, netip.PrefixFrom(netip.IPv6Unspecified(), 0))
 	switch {
 	case v4 && v6:
 		return "IPv4 and IPv6"
@@ -50,6 +53,28 @@ func (r AccessRule) open() string {
 		return "IPv6"
 	}
 	return ""
+}
+
+// coversAll reports whether the prefixes of set together hold every address
+// of p: one holds it whole, or some lie inside it and cover both its halves.
+func coversAll(set []netip.Prefix, p netip.Prefix) bool {
+	inside := false
+	for _, q := range set {
+		if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+		if q.Bits() > p.Bits() && p.Contains(q.Addr()) {
+			inside = true
+		}
+	}
+	if !inside || p.Bits() == p.Addr().BitLen() {
+		return false
+	}
+	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
+	b := p.Addr().AsSlice()
+	b[p.Bits()/8] |= 0x80 >> (p.Bits() % 8)
+	hiAddr, _ := netip.AddrFromSlice(b)
+	return coversAll(set, lo) && coversAll(set, netip.PrefixFrom(hiAddr, p.Bits()+1))
 }
 
 var errAllow = errors.New("must be any, or a comma-separated list of CIDR prefixes or addresses (such as 192.0.2.0/24, 2001:db8::/32), local for the default networks")

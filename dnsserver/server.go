@@ -398,7 +398,13 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 	}
 	q.QEnd, q.QType = end, wire.QType(pkt, end)
 	if q.QDCount > 1 {
-		return true // FORMERR too: the records after the second question are not read
+		// FORMERR too, with an OPT if the query's reads past its questions.
+		if qend, ok := wire.QuestionsEnd(pkt, q.QDCount); ok {
+			if sec, ok := wire.ReadSections(pkt, qend); ok {
+				q.setEDNS(sec.OPT)
+			}
+		}
+		return true
 	}
 	sec, ok := wire.ReadSections(pkt, end)
 	if ok {

@@ -93,6 +93,21 @@ func ReadSections(msg []byte, off int) (Sections, bool) {
 	return s, true
 }
 
+// QuestionsEnd returns where the question section of pkt ends, its qd
+// questions skipped (a name after the first may point back). It reports
+// false for a question section that does not read.
+func QuestionsEnd(pkt []byte, qd int) (int, bool) {
+	off := HeaderLen
+	for range qd {
+		end, ok := skipName(pkt, off)
+		if !ok || end+4 > len(pkt) {
+			return 0, false
+		}
+		off = end + 4
+	}
+	return off, true
+}
+
 // skipName returns where the name starting at off ends. A pointer ends it:
 // where it points is not followed.
 func skipName(msg []byte, off int) (int, bool) {
