@@ -94,7 +94,7 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
 			}
 		}
 	case f.cached.fallback.Stale():
-		c.store.RefreshFailed(&f.key, now)
+		f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
 		c.refreshes.Count(metrics.RefreshFailed)
 		return true
 	case f.cached.refresh:

@@ -198,7 +198,9 @@ func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 
 // RefreshFailed tells the cache that refreshing k's entry failed at now:
 // until RecheckAfter has passed, Lookup answers Stale instead of Expired,
-// so a dead upstream is not asked name by name.
+// so a dead upstream is not asked name by name. It marks the entry held
+// under k now; a caller that holds the Hit it was refreshing should use
+// Hit.RefreshFailed, which marks that entry only.
 func (c *Cache) RefreshFailed(k *wire.Key, now time.Time) {
 	s := c.shardOf(k.Hash)
 	if e := s.find(k.Hash); e != nil && e.holds(k.Bytes()) { // evicted meanwhile, it is marked for nothing

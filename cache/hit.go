@@ -2,6 +2,7 @@ package cache
 
 import (
 	"encoding/binary"
+	"time"
 
 	"dnsproxi/internal/wire"
 )
@@ -83,6 +84,18 @@ func (h Hit) CountDown(recs []byte) {
 			ttl -= min(ttl, h.age)
 		}
 		binary.BigEndian.PutUint32(field, ttl)
+	}
+}
+
+// RefreshFailed tells the cache that refreshing this hit's entry failed at
+// now, as Cache.RefreshFailed does, but marks this entry only: an answer
+// stored meanwhile under the same key by another refresh that succeeded is
+// left as it is, refreshed as any other when it expires. (Marking whatever
+// the key held put such a fresh answer under the recheck timer: served
+// stale, the upstream not asked, for up to 30 s after it expired.)
+func (h Hit) RefreshFailed(now time.Time) {
+	if h.e != nil {
+		h.e.recheck.Store(mono(now) + int64(RecheckAfter))
 	}
 }
 

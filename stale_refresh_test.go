@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/exercises/fakeupstream"
+)
+
+// A refresh that fails after a later refresh of the same name succeeded
+// must not put the fresh answer under the failure-recheck timer. The first
+// refresh hangs, its client is answered stale by the stale-wait timer and
+// it leaves the table; the next query refreshes again and stores a fresh
+// answer (TTL 10); then the first comes back SERVFAIL. When the fresh
+// answer expires, the healthy upstream must be asked again, not the name
+// answered stale without asking until 30 s after that old failure.
+func TestFailedRefreshDoesNotMarkTheFreshAnswer(t *testing.T) {
+	a, up, clock := startCaching(t, func(c *Config) {
+		c.UpstreamTimeout = 5 * time.Second
+		c.CacheStaleWait = 1800 * time.Millisecond
+	})
+	primeAndExpire(t, a, clock)
+	gate, open := holdGate(t)
+	var calls atomic.Int64
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		m := fakeupstream.Answer(req)
+		if calls.Add(1) == 1 {
+			<-gate
+			m = new(dns.Msg).SetRcode(req, dns.RcodeServerFailure)
+		} else {
+			m.Answer[0].Header().Ttl = 10
+		}
+		b, _ := m.Pack()
+		return [][]byte{b}
+	})
+	got := make(chan *dns.Msg, 1)
+	go func() {
+		q := query("www.example.com", dns.TypeA)
+		q.SetEdns0(1232, false)
+		r, _ := tryAsk("udp", a.addr(), q, 5*time.Second)
+		got <- r
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := clock.BlockUntilWaiters(ctx, 1); err != nil {
+		t.Fatal("the stale-wait timer was never armed:", err)
+	}
+	clock.Advance(1800 * time.Millisecond)
+	select {
+	case r := <-got:
+		if r == nil {
+			t.Fatal("the first client got no answer")
+		}
+		wantStale(t, r)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no stale answer after the client-response timer")
+	}
+	// The next query refreshes on its own and gets the fresh answer (over
+	// TCP: the fake upstream answers UDP in turn, and the first is held).
+	q2 := query("www.example.com", dns.TypeA)
+	q2.SetEdns0(1232, false)
+	if r := ask(t, "tcp", a.addr(), q2); len(r.Answer) != 1 || r.Answer[0].Header().Ttl != 10 || len(edeCodes(r)) != 0 {
+		t.Fatalf("second refresh: %s %v EDE %v, want the fresh answer, TTL 10", rcodeName(r), ttls(r), edeCodes(r))
+	}
+	open() // the first refresh now fails
+	waitFor(t, "the first refresh to fail", func() bool {
+		return metric(t, a, `dnsproxi_cache_refreshes_total{result="failed"}`) == 1
+	})
+	sent := up.Total()
+	clock.Advance(11 * time.Second) // the fresh answer has expired; nothing has failed since it came
+	r := ask(t, "tcp", a.addr(), q2)
+	if up.Total() != sent+1 || len(edeCodes(r)) != 0 {
+		t.Fatalf("the fresh answer expired: the upstream received %d more queries, answer TTLs %v EDE %v; want a refresh and its fresh answer (got a stale answer without asking)",
+			up.Total()-sent, ttls(r), edeCodes(r))
+	}
+}
