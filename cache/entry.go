@@ -94,9 +94,13 @@ func (e *entry) cost() int64 { return int64(cap(e.data)) + EntryOverhead }
 // stored returns when e was stored, as mono returns it.
 func (e *entry) stored() int64 { return e.expires - int64(e.ttl)*int64(time.Second) }
 
-// dead reports whether e is past its stale window at now. (Written as a
-// difference: expires + staleWindow overflows for a window near 2^63 ns.)
-func (e *entry) dead(now, staleWindow int64) bool { return now-e.expires >= staleWindow }
+// dead reports whether e is past its stale window at now. (Not as a sum:
+// expires + staleWindow overflows for a window near 2^63 ns; and the
+// difference is taken only once now has reached expires, so a reading far
+// before the epoch cannot wrap it.)
+func (e *entry) dead(now, staleWindow int64) bool {
+	return now >= e.expires && now-e.expires >= staleWindow
+}
 
 // touch counts a hit on e, up to maxFreq. It writes only when the count
 // changes, so the hottest entries, at the cap, keep their cache line
