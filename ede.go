@@ -31,10 +31,6 @@ var (
 	edeBreakerOpen  = &ede{dns.ExtendedErrorCodeNoReachableAuthority, "upstream circuit breaker open"}
 	edeTimeout      = &ede{dns.ExtendedErrorCodeNoReachableAuthority, "upstream timed out"}
 	edeNetworkError = &ede{dns.ExtendedErrorCodeNetworkError, "no valid reply from upstream"}
-	edeMalformed    = &ede{dns.ExtendedErrorCodeOther, "malformed query"}
-	edeOpcode       = &ede{dns.ExtendedErrorCodeNotSupported, "opcode not supported"}
-	edeVersion      = &ede{dns.ExtendedErrorCodeNotSupported, "EDNS version 0 only"}
-	edeTransfer     = &ede{dns.ExtendedErrorCodeNotSupported, "zone transfers are not relayed"}
 )
 
 // upstreamEDE is the Extended DNS Error of an exchange that failed with err

@@ -51,12 +51,14 @@ func TestStartupWarnsOfEveryOpenFamily(t *testing.T) {
 	}
 }
 
-// The README: "every answer the proxy makes itself carries one [an
-// Extended DNS Error] when the client sent EDNS". A zone transfer's
-// REFUSED, NOTIMP, FORMERR and BADVERS are the proxy's own answers too
-// (answer.go: appendOwn builds them) and carry an OPT to an EDNS client,
-// but no EDE: handleQuery passes nil for them.
-func TestEveryOwnAnswerCarriesEDE(t *testing.T) {
+// A zone transfer's REFUSED, NOTIMP, FORMERR (two questions included) and
+// BADVERS carry an OPT to a client that sent one (RFC 6891 §6.1.1), and no
+// Extended DNS Error: no bucket bounds these answers, so they must not grow
+// past the query (TestOwnErrorAnswersDoNotAmplify). A review first found
+// them without an EDE against a README that promised one on every own
+// answer; the EDE added then made them a reflector, and the README now
+// says which answers carry one.
+func TestOwnErrorAnswersCarryOPTNotEDE(t *testing.T) {
 	twoQuestions := func() *dns.Msg {
 		m := ednsQuery("www.example.com", dns.TypeA, 1232, false)
 		m.Question = append(m.Question, dns.Question{Name: "www.example.net.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
@@ -95,8 +97,8 @@ func TestEveryOwnAnswerCarriesEDE(t *testing.T) {
 			if r.IsEdns0() == nil {
 				t.Fatalf("no OPT to an EDNS client: %x", raw)
 			}
-			if _, has := edeOf(r); !has {
-				t.Fatalf("%s to a client that sent EDNS carries no Extended DNS Error:\n%v", dns.RcodeToString[tt.rcode], r)
+			if e, has := edeOf(r); has {
+				t.Fatalf("%s carries EDE %v: unbounded answers to forged sources must not grow (TestOwnErrorAnswersDoNotAmplify)", dns.RcodeToString[tt.rcode], e)
 			}
 		})
 	}

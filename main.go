@@ -233,7 +233,7 @@ func (a *app) start() error {
 	if a.cfg.MetricsAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 		if err != nil {
-			a.closeOutputsAfterFailedStart()
+			a.closeOutputs()
 			return fmt.Errorf("DNS_METRICS_ADDR=%q: %v", a.cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
@@ -248,7 +248,7 @@ func (a *app) start() error {
 		go a.metricsHTTP.Serve(ln)
 	}
 	if err := a.server.Start(); err != nil {
-		a.closeOutputsAfterFailedStart()
+		a.closeOutputs()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
 		}
@@ -286,25 +286,22 @@ func (a *app) shutdown(ctx context.Context) error {
 			err = errors.Join(err, herr)
 		}
 	}
-	a.closeOutputs(ctx)
+	a.closeOutputs()
 	return err
 }
 
-// closeOutputs closes the upstream sockets and writes out the query log,
-// within ctx.
-func (a *app) closeOutputs(ctx context.Context) {
+// closeOutputs closes the upstream sockets and writes out the query log.
+// The log's writer gets queryLogStopWait of its own, whatever the drain
+// before it used of the shutdown's deadline: a healthy disk takes
+// milliseconds for what the buffer holds, and a writer stuck on its disk
+// is given up after that, its lines lost, so the process still stops.
+func (a *app) closeOutputs() {
 	a.upstreams.Close()
 	if a.proxy.qlog != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), queryLogStopWait)
+		defer cancel()
 		a.proxy.qlog.close(ctx)
 	}
-}
-
-// closeOutputsAfterFailedStart is closeOutputs when start fails, before
-// any query: the query log holds nothing to wait long for.
-func (a *app) closeOutputsAfterFailedStart() {
-	ctx, cancel := context.WithTimeout(context.Background(), reopenTimeout)
-	defer cancel()
-	a.closeOutputs(ctx)
 }
 
 // ownPorts are the ports the proxy listens on, which its upstream sockets

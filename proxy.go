@@ -78,21 +78,25 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		p.count(qtype, metrics.RateLimited, start, q, p.limited(w, q, edeRateLimit))
 		return
 	}
+	// The answers below carry an OPT to a client that sent one but no
+	// Extended DNS Error: no bucket bounds them, and with an EDE's text each
+	// would be up to 2.3 times the query that drew it, a reflector for a
+	// forged source inside DNS_ALLOW (TestOwnErrorAnswersDoNotAmplify).
 	switch {
 	case q.Malformed:
-		p.refuse(w, q, dns.RcodeFormatError, edeMalformed, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeFormatError, nil, qtype, metrics.FormErr, start)
 		return
 	case q.Opcode != dns.OpcodeQuery:
-		p.refuse(w, q, dns.RcodeNotImplemented, edeOpcode, qtype, metrics.NotImp, start)
+		p.refuse(w, q, dns.RcodeNotImplemented, nil, qtype, metrics.NotImp, start)
 		return
 	case q.QDCount != 1:
-		p.refuse(w, q, dns.RcodeFormatError, edeMalformed, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeFormatError, nil, qtype, metrics.FormErr, start)
 		return
 	case q.EDNS.Version > 0: // RFC 6891 §6.1.3: the proxy speaks version 0
-		p.refuse(w, q, dns.RcodeBadVers, edeVersion, qtype, metrics.FormErr, start)
+		p.refuse(w, q, dns.RcodeBadVers, nil, qtype, metrics.FormErr, start)
 		return
 	case q.QType == dns.TypeAXFR || q.QType == dns.TypeIXFR: // relayed over UDP they would be cut
-		p.refuse(w, q, dns.RcodeRefused, edeTransfer, qtype, metrics.TransferRefused, start)
+		p.refuse(w, q, dns.RcodeRefused, nil, qtype, metrics.TransferRefused, start)
 		return
 	}
 

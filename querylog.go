@@ -40,6 +40,9 @@ const (
 	flushEvery     = 20 * time.Millisecond
 	maxBatchLines  = 256             // lines formatted before a write
 	reopenTimeout  = 5 * time.Second // SIGHUP waits no longer for a writer stuck on its disk
+	// queryLogStopWait is how long shutdown waits for the writer to write
+	// out what it holds (closeOutputs).
+	queryLogStopWait = 2 * time.Second
 )
 
 // noAnswer is the rcode logged for a query that was dropped unanswered.

@@ -121,3 +121,45 @@ func TestShutdownBoundedWhileQueryLogStuck(t *testing.T) {
 		t.Fatalf("shutdown with a %v context still running after %v: it waits on the query log's stuck writer", grace, grace+3*time.Second)
 	}
 }
+
+// A shutdown whose drain used up its deadline (a TCP client that stops
+// reading holds it for the 2 s write timeout, past DNS_UPSTREAM_TIMEOUT +
+// 1 s at a short upstream timeout) still lets a healthy query log write out
+// what it holds: closeOutputs gives the writer time of its own. (From a
+// no-context review: with the log's close on the drain's context, it
+// returned at once and the process exited with the lines unwritten, 0 of
+// 50 in the file.) Lines are lost only to a writer stuck on its disk
+// (TestShutdownBoundedWhileQueryLogStuck).
+func TestQueryLogWrittenOutWhenTheDrainUsedTheDeadline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "queries.log")
+	f, err := openLogFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newQueryLog(f, f, 1, 64, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	up := startUpstream(t)
+	a, err := newApp(testConfig(up.Addr()), guard.RealClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.proxy.qlog = l
+	if err := a.start(); err != nil {
+		t.Fatal(err)
+	}
+	const lines = 50
+	b, _ := query("www.example.com", dns.TypeA).Pack()
+	for range lines {
+		l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "127.0.0.1:53")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the server's drain used the deadline up
+	a.shutdown(ctx)
+	// shutdown has returned: run returns and the process exits now.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(string(data), "\n"); got != lines {
+		t.Fatalf("close returned with %d of %d lines in the file, its writer healthy: the rest die with the process", got, lines)
+	}
+}
