@@ -3,6 +3,7 @@ package batchio
 import (
 	"encoding/binary"
 	"net"
+	"strconv"
 
 	"net/netip"
 	"syscall"
@@ -103,7 +104,13 @@ func decodeAddr(sa *unix.RawSockaddrAny, n uint32) netip.AddrPort {
 		}
 		in := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
 		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&in.Port))[:])
-		return netip.AddrPortFrom(netip.AddrFrom16(in.Addr).Unmap(), port)
+		addr := netip.AddrFrom16(in.Addr).Unmap()
+		if in.Scope_id != 0 && addr.Is6() {
+			// A link-local client: its interface, as a number, is the
+			// address's zone, so that its answer goes out where it came in.
+			addr = addr.WithZone(strconv.FormatUint(uint64(in.Scope_id), 10))
+		}
+		return netip.AddrPortFrom(addr, port)
 	}
 	return netip.AddrPort{}
 }
@@ -119,6 +126,13 @@ func encodeAddr(sa *unix.RawSockaddrAny, ap netip.AddrPort, v6 bool) uint32 {
 	in := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
 	*in = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16()}
 	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&in.Port))[:], ap.Port())
+	if z := ap.Addr().Zone(); z != "" {
+		if n, err := strconv.ParseUint(z, 10, 32); err == nil {
+			in.Scope_id = uint32(n) // the interface the query came in on (decodeAddr)
+		} else if ifi, err := net.InterfaceByName(z); err == nil {
+			in.Scope_id = uint32(ifi.Index)
+		}
+	}
 	return unix.SizeofSockaddrInet6
 }
 
