@@ -20,9 +20,14 @@ import (
 // answer per query, each on its ID, every one beyond the gates REFUSED.
 func TestTCPRefusalsAreAnswersUnderPipelining(t *testing.T) {
 	up := startUpstream(t)
-	up.SetMode(fakeupstream.Slow)
-	up.SetDelay(200 * time.Millisecond)
+	held, release := holdGate(t) // the queries let through wait until every other is answered
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		<-held
+		b, _ := fakeupstream.Answer(req).Pack()
+		return [][]byte{b}
+	})
 	cfg := testConfig(up.Addr())
+	cfg.UpstreamTimeout = 10 * time.Second
 	cfg.RateLimit = RateLimit{Rate: 0.001, Burst: 50}
 	cfg.LimitAction = LimitAction{Kind: ActionDrop}
 	cfg.MaxInflight = 4
@@ -70,6 +75,9 @@ func TestTCPRefusalsAreAnswersUnderPipelining(t *testing.T) {
 		seen[m.Id] = true
 		if m.Rcode == dns.RcodeRefused {
 			refused++
+		}
+		if len(seen) == queries-cfg.MaxInflight {
+			release() // the rest are the ones at the upstream
 		}
 	}
 	if refused < queries-cfg.MaxInflight {
