@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,18 +36,7 @@ func TestFailedRefreshDoesNotMarkTheFreshAnswer(t *testing.T) {
 		b, _ := m.Pack()
 		return [][]byte{b}
 	})
-	got := make(chan *dns.Msg, 1)
-	go func() {
-		q := query("www.example.com", dns.TypeA)
-		q.SetEdns0(1232, false)
-		r, _ := tryAsk("udp", a.addr(), q, 5*time.Second)
-		got <- r
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := clock.BlockUntilWaiters(ctx, 1); err != nil {
-		t.Fatal("the stale-wait timer was never armed:", err)
-	}
+	got := askWhileStaleWaits(t, a, clock)
 	clock.Advance(1800 * time.Millisecond)
 	select {
 	case r := <-got:

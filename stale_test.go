@@ -130,18 +130,7 @@ func TestStaleWaitTimerThenRefreshUpdates(t *testing.T) {
 		b, _ := m.Pack()
 		return [][]byte{b}
 	})
-	got := make(chan *dns.Msg, 1)
-	go func() {
-		q := query("www.example.com", dns.TypeA)
-		q.SetEdns0(1232, false)
-		r, _ := tryAsk("udp", a.addr(), q, 5*time.Second)
-		got <- r
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := clock.BlockUntilWaiters(ctx, 1); err != nil {
-		t.Fatal("the stale-wait timer was never armed:", err)
-	}
+	got := askWhileStaleWaits(t, a, clock)
 	select {
 	case r := <-got:
 		t.Fatalf("answered before the timer: %v", r)
@@ -383,3 +372,23 @@ func TestStaleTimerAndCompletionAnswerOnce(t *testing.T) {
 type nowOnly struct{ c *guard.ManualClock }
 
 func (n nowOnly) Now() time.Time { return n.c.Now() }
+
+// askWhileStaleWaits asks for www.example.com with EDNS, an expired name
+// whose refresh the upstream holds, and returns once the client-response
+// timer is armed on clock: the answer comes on the channel.
+func askWhileStaleWaits(t *testing.T, a *app, clock *guard.ManualClock) <-chan *dns.Msg {
+	t.Helper()
+	got := make(chan *dns.Msg, 1)
+	go func() {
+		q := query("www.example.com", dns.TypeA)
+		q.SetEdns0(1232, false)
+		r, _ := tryAsk("udp", a.addr(), q, 5*time.Second)
+		got <- r
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := clock.BlockUntilWaiters(ctx, 1); err != nil {
+		t.Fatal("the stale-wait timer was never armed:", err)
+	}
+	return got
+}

@@ -207,13 +207,7 @@ func TestHostileTCPUpstreamEachQueryOnce(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	done := make(chan struct{})
-	go func() { all.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("not every query reported within 5s")
-	}
+	waitGroup(t, &all, 5*time.Second, "every query reported")
 	closed := make(chan struct{})
 	go func() { u.Close(); close(closed) }()
 	select {
@@ -308,13 +302,7 @@ func TestHostileUDPRepliesEachQueryOnce(t *testing.T) {
 			}
 		})
 	}
-	done := make(chan struct{})
-	go func() { all.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("not every query reported within 5s")
-	}
+	waitGroup(t, &all, 5*time.Second, "every query reported")
 	u.Close()
 	for i := range reports {
 		if got := reports[i].Load(); got != 1 {
