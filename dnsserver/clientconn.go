@@ -37,6 +37,11 @@ type clientConn struct {
 	pipeline chan struct{} // one token per query taken and not yet answered on the wire
 	wake     chan struct{} // the writer has answers to send, or the connection closed
 
+	// Guarded by the server's mu.
+	prev, next *clientConn // in Server.byQuery
+	listed     bool        // in Server.byQuery: not yet ended
+	evicted    bool        // closed for a new connection: not to be chosen again
+
 	mu     sync.Mutex
 	out    []byte // answers waiting for the writer, each with its length prefix
 	frames int    // how many answers are in out

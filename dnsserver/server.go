@@ -97,8 +97,11 @@ type Server struct {
 	// networks; a query beyond it is dropped over UDP and answered REFUSED
 	// at once over TCP (default 10000).
 	MaxUnanswered int
-	// MaxTCPConns bounds the TCP connections open at once; a connection
-	// beyond it is closed at once (default 1000).
+	// MaxTCPConns bounds the TCP connections open at once (default 1000).
+	// With every slot taken, a new connection takes the place of the one
+	// with no query unanswered whose last whole query (or opening) is the
+	// oldest, closing it; if every connection has a query unanswered, the
+	// new one is closed at once.
 	MaxTCPConns int
 	// TCPIdleTimeout closes a connection that has not delivered a whole query
 	// for this long, including one stalled half-way through (default 10s).
@@ -115,7 +118,7 @@ type Server struct {
 	// OnDropped, if set, is called with a reason for every packet or
 	// connection the server answers itself or drops ("malformed": shorter
 	// than a header, or a TCP length beyond 4096; "response", "overloaded",
-	// "tcp_conn_limit", "tcp_slow_reader").
+	// "tcp_conn_limit", "tcp_idle_evicted", "tcp_slow_reader").
 	OnDropped func(reason string)
 	// Overloaded, if set, answers a TCP query beyond MaxUnanswered (REFUSED,
 	// built as the handler builds its own answers); it must not block. Nil:
@@ -140,8 +143,9 @@ type Server struct {
 	idle       chan struct{}  // closed by the answer that brings unanswered to zero once drained
 	idleOnce   sync.Once
 
-	mu    sync.Mutex
-	conns map[*clientConn]struct{}
+	mu      sync.Mutex
+	conns   map[*clientConn]struct{}
+	byQuery connList // the same connections, by their last whole query
 
 	// Test seams, nil or zero outside tests.
 	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,92 +127,45 @@ func TestTCPStalledQueryIsClosed(t *testing.T) {
 	}
 }
 
-func TestTCPConnectionCap(t *testing.T) {
-	var dropped atomic.Int64
-	s := &Server{MaxTCPConns: 2, OnDropped: func(string) { dropped.Add(1) }}
-	addr := startServer(t, s)
-	var held []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		held = append(held, c)
-	}
-	// The two held connections still work...
-	conn := &dns.Conn{Conn: held[0]}
-	q := new(dns.Msg)
-	q.SetQuestion("www.example.com.", dns.TypeA)
-	conn.SetDeadline(time.Now().Add(3 * time.Second))
-	if err := conn.WriteMsg(q); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ReadMsg(); err != nil {
-		t.Fatalf("a connection within the cap: %v", err)
-	}
-	// ...and a third is closed at once.
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if !closedByServer(c, 3*time.Second) {
-		t.Fatal("a connection beyond MaxTCPConns was kept open")
-	}
-	if dropped.Load() != 1 {
-		t.Errorf("OnDropped called %d times, want 1", dropped.Load())
-	}
-	if r, err := ask("udp", addr, time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
-		t.Errorf("UDP while TCP is full: %v %v", r, err)
-	}
-}
-
-// Half-sent queries that hold every TCP slot cost their senders only: a
-// connection beyond the cap is closed at once and counted, UDP clients are
-// answered throughout, and each held connection is still served once it
-// finishes its query.
-func TestSlowlorisDoesNotStarveUDP(t *testing.T) {
+// Half-sent queries that hold every TCP slot cost their senders only: each
+// new connection is served in the place of the oldest of them, UDP clients
+// are answered throughout, and each half-sent query not closed for a
+// newcomer is still served once it is whole.
+func TestSlowlorisDoesNotStarveTCPOrUDP(t *testing.T) {
 	const slots, beyond = 100, 20
 	var dropped reasons
 	addr := startServer(t, &Server{MaxTCPConns: slots, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
 	m := new(dns.Msg).SetQuestion("www.example.com.", dns.TypeA)
 	query := frame(t, m)
-	held := make([]net.Conn, slots)
-	for i := range held {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+	held := dialAll(t, addr, slots)
+	for _, c := range held {
 		c.Write(query[:1]) // half a length prefix, then nothing
-		held[i] = c
 	}
-	// Accepted in the order they connected: these find every slot taken.
 	for i := range beyond {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
+		c := dialAll(t, addr, 1)[0]
+		if r, err := askOn(c, "new.example.", 5*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+			t.Fatalf("newcomer %d with every slot held half-way: %v %v", i, r, err)
 		}
-		defer c.Close()
-		c.Write(query[:1])
-		if !closedByServer(c, 5*time.Second) {
-			t.Fatalf("connection %d beyond MaxTCPConns=%d was kept open", i+1, slots)
+		if !closedByServer(held[i], 5*time.Second) {
+			t.Fatalf("newcomer %d: held[%d], the oldest half-sent query left, is still open", i, i)
 		}
 		if r, err := ask("udp", addr, time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
 			t.Fatalf("UDP query %d under a slowloris: %v %v", i, r, err)
 		}
 	}
-	if n := dropped.count("tcp_conn_limit"); n != beyond {
-		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want %d", n, beyond)
+	if n := dropped.count("tcp_idle_evicted"); n != beyond {
+		t.Errorf("OnDropped(tcp_idle_evicted) called %d times, want %d", n, beyond)
 	}
-	for i, c := range held {
+	if n := dropped.count("tcp_conn_limit"); n != 0 {
+		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want 0", n)
+	}
+	for i, c := range held[beyond:] {
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := c.Write(query[1:]); err != nil {
-			t.Fatalf("held connection %d: %v", i, err)
+			t.Fatalf("held connection %d: %v", beyond+i, err)
 		}
 		if r, err := (&dns.Conn{Conn: c}).ReadMsg(); err != nil || r.Id != m.Id {
-			t.Fatalf("held connection %d, once its query is whole: %v %v", i, r, err)
+			t.Fatalf("held connection %d, once its query is whole: %v %v", beyond+i, r, err)
 		}
 	}
 }

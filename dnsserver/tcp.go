@@ -26,9 +26,7 @@ func (s *Server) serveTCP() {
 			time.Sleep(10 * time.Millisecond) // out of file descriptors: let some close
 			continue
 		}
-		select {
-		case s.connTokens <- struct{}{}:
-		default:
+		if !s.takeConnSlot() {
 			s.dropped("tcp_conn_limit")
 			c.Close()
 			continue
@@ -42,11 +40,73 @@ func (s *Server) serveTCP() {
 			return
 		}
 		s.conns[cc] = struct{}{}
+		s.byQuery.pushBack(cc)
+		cc.listed = true
 		s.mu.Unlock()
 		s.wg.Add(2)
 		go cc.send()
 		go s.serveConn(cc)
 	}
+}
+
+// evictWait bounds how long a new connection waits for the slot of the
+// idle one closed for it. Closing an idle connection frees its slot at
+// once; one that took a query just before it was closed frees it only when
+// that query is answered, and the newcomer is turned away instead.
+const evictWait = 100 * time.Millisecond
+
+// evictScan bounds how many connections, oldest first, a new one looks
+// through for one to replace: a flood of new connections costs a bounded
+// scan each, however many are open.
+const evictScan = 64
+
+// takeConnSlot takes a slot for a new connection. With every slot taken, it
+// closes the connection with no query unanswered whose last whole query (or
+// opening, if it has sent none) is the oldest, counted "tcp_idle_evicted",
+// and takes its slot: connections left open and idle, or stalled half-way
+// through a query, cannot keep TCP from new clients (RFC 7766 §6.2.3 lets a
+// server close idle connections under pressure; a client reconnects). It
+// reports false, closing nothing, when each of the evictScan oldest has a
+// query unanswered.
+func (s *Server) takeConnSlot() bool {
+	select {
+	case s.connTokens <- struct{}{}:
+		return true
+	default:
+	}
+	victim := s.idlest()
+	if victim == nil {
+		return false
+	}
+	victim.close("tcp_idle_evicted")
+	t := time.NewTimer(evictWait)
+	defer t.Stop()
+	select {
+	case s.connTokens <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// idlest returns, and marks evicted, the oldest of the evictScan oldest
+// connections that has no query unanswered and was not evicted before, or
+// nil if there is none.
+func (s *Server) idlest() *clientConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cc := s.byQuery.front
+	for range evictScan {
+		if cc == nil {
+			return nil
+		}
+		if !cc.evicted && len(cc.pipeline) == 0 {
+			cc.evicted = true
+			return cc
+		}
+		cc = cc.next
+	}
+	return nil
 }
 
 // serveConn reads queries off one connection and hands each to the handler,
@@ -82,6 +142,11 @@ func (s *Server) serveConn(cc *clientConn) {
 		if _, err := io.ReadFull(c, pkt); err != nil {
 			return
 		}
+		s.mu.Lock()
+		if cc.listed {
+			s.byQuery.moveToBack(cc)
+		}
+		s.mu.Unlock()
 		cc.pipeline <- struct{}{} // given back once the answer is written, or never can be
 		w := &tcpWriter{conn: cc}
 		w.start(s)
@@ -98,6 +163,10 @@ func (s *Server) endConn(cc *clientConn) {
 	cc.close("")
 	s.mu.Lock()
 	delete(s.conns, cc)
+	if cc.listed {
+		s.byQuery.remove(cc)
+		cc.listed = false
+	}
 	s.mu.Unlock()
 	<-s.connTokens
 }

@@ -155,7 +155,7 @@ func New() *Metrics {
 	for _, r := range RetryReasons {
 		m.Retries.WithLabelValues(r)
 	}
-	for _, r := range []string{"malformed", "response", "overloaded", "tcp_conn_limit", "tcp_slow_reader"} {
+	for _, r := range []string{"malformed", "response", "overloaded", "tcp_conn_limit", "tcp_idle_evicted", "tcp_slow_reader"} {
 		m.Dropped.WithLabelValues(r)
 	}
 	m.Registry.MustRegister(m.Queries, m.RequestDuration, m.UpstreamDuration, m.InFlight,

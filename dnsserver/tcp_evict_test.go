@@ -1,0 +1,148 @@
+package dnsserver
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// askOn sends one query on c and reads its answer, within timeout.
+func askOn(c net.Conn, name string, timeout time.Duration) (*dns.Msg, error) {
+	m := new(dns.Msg).SetQuestion(name, dns.TypeA)
+	conn := &dns.Conn{Conn: c}
+	conn.SetDeadline(time.Now().Add(timeout))
+	defer conn.SetDeadline(time.Time{})
+	if err := conn.WriteMsg(m); err != nil {
+		return nil, err
+	}
+	return conn.ReadMsg()
+}
+
+// dialAll opens n connections to addr, closed when the test ends.
+func dialAll(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	cs := make([]net.Conn, n)
+	for i := range cs {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs[i] = c
+	}
+	return cs
+}
+
+// With every slot taken, a new client is served in the place of the
+// connection that has waited longest for a query without one unanswered:
+// connections left open and idle, or stalled half-way through a query,
+// cannot keep TCP from everyone else (RFC 7766 §6.2.3 lets a server close
+// idle connections under pressure). Connections with a query unanswered are
+// never closed for a newcomer.
+func TestIdleTCPConnectionsGiveWayToNewClients(t *testing.T) {
+	var dropped reasons
+	addr := startServer(t, &Server{MaxTCPConns: 3, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
+	held := dialAll(t, addr, 3)
+	// held[0] has waited since it connected, half a query sent; held[1]
+	// asked one after, held[2] last.
+	held[0].Write([]byte{0})
+	if r, err := askOn(held[1], "b.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("held[1]: %v %v", r, err)
+	}
+	if r, err := askOn(held[2], "c.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("held[2]: %v %v", r, err)
+	}
+
+	for i, want := range []int{0, 1} {
+		c := dialAll(t, addr, 1)[0]
+		if r, err := askOn(c, "new.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+			t.Fatalf("newcomer %d with every slot idle: %v %v", i, r, err)
+		}
+		if !closedByServer(held[want], 3*time.Second) {
+			t.Fatalf("newcomer %d: held[%d], the idlest, is still open", i, want)
+		}
+	}
+	if r, err := askOn(held[2], "c.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("held[2], busier than the two closed: %v %v", r, err)
+	}
+	if n := dropped.count("tcp_idle_evicted"); n != 2 {
+		t.Errorf("OnDropped(tcp_idle_evicted) called %d times, want 2", n)
+	}
+	if n := dropped.count("tcp_conn_limit"); n != 0 {
+		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want 0", n)
+	}
+}
+
+// Connections each waiting for an answer keep their slots: a newcomer is
+// closed at once, counted, and every waiting query is answered.
+func TestBusyTCPConnectionsKeepTheirSlots(t *testing.T) {
+	var dropped reasons
+	h := newHolder()
+	addr := startServer(t, &Server{MaxTCPConns: 2, Handler: h, OnDropped: dropped.add})
+	held := dialAll(t, addr, 2)
+	for i, c := range held {
+		m := new(dns.Msg).SetQuestion("held.example.", dns.TypeA)
+		if err := (&dns.Conn{Conn: c}).WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-h.entered:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("held[%d]'s query never reached the handler", i)
+		}
+	}
+	c := dialAll(t, addr, 1)[0]
+	if !closedByServer(c, 3*time.Second) {
+		t.Fatal("a connection beyond MaxTCPConns was kept open while every slot waits for an answer")
+	}
+	if n := dropped.count("tcp_conn_limit"); n != 1 {
+		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want 1", n)
+	}
+	h.release(true)
+	for i, c := range held {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if r, err := (&dns.Conn{Conn: c}).ReadMsg(); err != nil || r.Rcode != dns.RcodeSuccess {
+			t.Fatalf("held[%d]'s answer: %v %v", i, r, err)
+		}
+	}
+	if n := dropped.count("tcp_idle_evicted"); n != 0 {
+		t.Errorf("a busy connection was closed for a newcomer %d times", n)
+	}
+}
+
+// A new connection looks through the evictScan oldest only: behind as many
+// connections waiting for answers, an idle one is not found, and the
+// newcomer is closed, so a flood of new connections costs a bounded scan
+// each however many are open.
+func TestEvictionScanIsBounded(t *testing.T) {
+	var dropped reasons
+	h := newHolder()
+	h.entered = make(chan struct{}, evictScan)
+	addr := startServer(t, &Server{MaxTCPConns: evictScan + 1, Handler: h, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
+	busy := dialAll(t, addr, evictScan)
+	for i, c := range busy {
+		m := new(dns.Msg).SetQuestion("held.example.", dns.TypeA)
+		if err := (&dns.Conn{Conn: c}).WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-h.entered:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("busy[%d]'s query never reached the handler", i)
+		}
+	}
+	idle := dialAll(t, addr, 1)[0] // the newest: behind every busy one
+	c := dialAll(t, addr, 1)[0]
+	if !closedByServer(c, 3*time.Second) {
+		t.Fatal("the newcomer was kept open: the scan went past its bound")
+	}
+	if n := dropped.count("tcp_conn_limit"); n != 1 {
+		t.Errorf("OnDropped(tcp_conn_limit) called %d times, want 1", n)
+	}
+	h.release(true)
+	if r, err := askOn(idle, "idle.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("the idle connection behind the scan's bound: %v %v", r, err)
+	}
+}
