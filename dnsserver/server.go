@@ -150,6 +150,7 @@ type Server struct {
 	// Test seams, nil or zero outside tests.
 	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout
 	beforeArm       func()        // a connection's reader is about to arm its idle deadline
+	afterRead       func()        // a connection's reader has read a whole query, not yet taken it
 	afterWake       func()        // Shutdown has woken every connection's reader
 	beforeIdle      func()        // Shutdown waits for the last answer
 }

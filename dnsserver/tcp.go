@@ -50,9 +50,9 @@ func (s *Server) serveTCP() {
 }
 
 // evictWait bounds how long a new connection waits for the slot of the
-// idle one closed for it. Closing an idle connection frees its slot at
-// once; one that took a query just before it was closed frees it only when
-// that query is answered, and the newcomer is turned away instead.
+// idle one closed for it. That slot frees as soon as the closed
+// connection's reader runs: it had no query unanswered when chosen, and a
+// query it reads after is not taken (serveConn).
 const evictWait = 100 * time.Millisecond
 
 // evictScan bounds how many connections, oldest first, a new one looks
@@ -142,12 +142,23 @@ func (s *Server) serveConn(cc *clientConn) {
 		if _, err := io.ReadFull(c, pkt); err != nil {
 			return
 		}
+		if s.afterRead != nil {
+			s.afterRead()
+		}
+		cc.pipeline <- struct{}{} // given back once the answer is written, or never can be
+		// Taken only if the connection was not chosen for a newcomer:
+		// idlest chooses under mu, and only a connection whose pipeline is
+		// empty, so either it saw this token, or this sees evicted.
 		s.mu.Lock()
-		if cc.listed {
+		evicted := cc.evicted
+		if !evicted && cc.listed {
 			s.byQuery.moveToBack(cc)
 		}
 		s.mu.Unlock()
-		cc.pipeline <- struct{}{} // given back once the answer is written, or never can be
+		if evicted {
+			<-cc.pipeline // not taken: nothing is due, the slot frees at once
+			return
+		}
 		w := &tcpWriter{conn: cc}
 		w.start(s)
 		s.serve(w, &w.q, pkt, "tcp", clientOf(c))

@@ -2,10 +2,14 @@ package dnsserver
 
 import (
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
 
 // askOn sends one query on c and reads its answer, within timeout.
@@ -144,5 +148,95 @@ func TestEvictionScanIsBounded(t *testing.T) {
 	h.release(true)
 	if r, err := askOn(idle, "idle.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("the idle connection behind the scan's bound: %v %v", r, err)
+	}
+}
+
+// A query whose last byte arrives as its connection is chosen for a
+// newcomer is not taken: the connection had none unanswered when it was
+// chosen, so it is closed with nothing sent upstream on its behalf, and its
+// slot frees at once for the newcomer. Taking it instead would keep the
+// slot until its answer came (the newcomer turned away after waiting,
+// the accept loop stalled meanwhile) and spend an upstream exchange on an
+// answer nobody can receive.
+func TestQueryReadAsItsConnectionIsEvictedIsNotTaken(t *testing.T) {
+	read, resume := make(chan struct{}), make(chan struct{})
+	evicted := make(chan struct{}, 1)
+	var reads atomic.Int64
+	var dropped reasons
+	var mu sync.Mutex
+	var names []string
+	var held []func()
+	s := &Server{
+		MaxTCPConns:    1,
+		TCPIdleTimeout: time.Minute,
+		// Queries for old.example. wait, as for a slow upstream; others
+		// are answered at once.
+		Handler: HandlerFunc(func(w ResponseWriter, q *Query) {
+			reply := wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess)
+			var m dns.Msg
+			m.Unpack(q.Wire)
+			mu.Lock()
+			names = append(names, m.Question[0].Name)
+			if m.Question[0].Name == "old.example." {
+				held = append(held, func() { w.Write(reply) })
+				mu.Unlock()
+				return
+			}
+			mu.Unlock()
+			w.Write(reply)
+		}),
+		OnDropped: func(reason string) {
+			dropped.add(reason)
+			if reason == "tcp_idle_evicted" {
+				select {
+				case evicted <- struct{}{}:
+				default:
+				}
+			}
+		},
+		// The first query read waits here until its connection is evicted.
+		afterRead: func() {
+			if reads.Add(1) == 1 {
+				close(read)
+				<-resume
+			}
+		},
+	}
+	addr := startServer(t, s)
+	t.Cleanup(func() { // before Shutdown, which waits for them
+		mu.Lock()
+		defer mu.Unlock()
+		for _, answer := range held {
+			answer()
+		}
+	})
+	old := dialAll(t, addr, 1)[0]
+	if err := (&dns.Conn{Conn: old}).WriteMsg(new(dns.Msg).SetQuestion("old.example.", dns.TypeA)); err != nil {
+		t.Fatal(err)
+	}
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			close(resume)
+			t.Fatalf("%s did not happen in 5s", what)
+		}
+	}
+	wait(read, "old's query being read")
+	newcomer := dialAll(t, addr, 1)[0]
+	wait(evicted, "old being closed for the newcomer")
+	close(resume)
+
+	if r, err := askOn(newcomer, "new.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Errorf("the newcomer, in the place of a connection closed for it: %v %v (OnDropped(tcp_conn_limit) %d times)",
+			r, err, dropped.count("tcp_conn_limit"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range names {
+		if name == "old.example." {
+			t.Errorf("the handler was given the query read as its connection was closed for a newcomer")
+		}
 	}
 }
