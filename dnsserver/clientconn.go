@@ -40,7 +40,7 @@ type clientConn struct {
 	// Guarded by the server's mu.
 	prev, next *clientConn // in Server.byQuery
 	listed     bool        // in Server.byQuery: not yet ended
-	evicted    bool        // closed for a new connection: not to be chosen again
+	evicted    bool        // closed for a new connection: not chosen again, and takes no query
 
 	mu     sync.Mutex
 	out    []byte // answers waiting for the writer, each with its length prefix

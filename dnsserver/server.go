@@ -100,8 +100,9 @@ type Server struct {
 	// MaxTCPConns bounds the TCP connections open at once (default 1000).
 	// With every slot taken, a new connection takes the place of the one
 	// with no query unanswered whose last whole query (or opening) is the
-	// oldest, closing it; if every connection has a query unanswered, the
-	// new one is closed at once.
+	// oldest, among the 64 oldest, closing it; a query that arrives as it
+	// is closed is not taken. If each of those 64 has a query unanswered,
+	// the new connection is closed at once.
 	MaxTCPConns int
 	// TCPIdleTimeout closes a connection that has not delivered a whole query
 	// for this long, including one stalled half-way through (default 10s).
