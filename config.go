@@ -34,7 +34,7 @@ type Config struct {
 	BreakerCoolOff    time.Duration  `envconfig:"BREAKER_COOLOFF" default:"5s" min:"10ms" max:"1h" desc:"open to half-open after this long; must exceed DNS_UPSTREAM_TIMEOUT while the breaker is on"`
 	MetricsAddr       string         `envconfig:"METRICS_ADDR" default:"127.0.0.1:9398" desc:"/metrics listen address, never DNS_LISTEN's TCP port; port 0 takes a free port; off disables it"`
 	MaxInflight       int            `envconfig:"MAX_INFLIGHT" default:"1000" min:"0" max:"100000" desc:"upstream exchanges in flight at once; beyond it REFUSED at once; 0 = unlimited"`
-	TCPMaxConns       int            `envconfig:"TCP_MAX_CONNS" default:"1000" min:"1" max:"100000" desc:"client TCP connections open at once; when all are taken a new one replaces the idlest with no query unanswered, or is closed if every one has one"`
+	TCPMaxConns       int            `envconfig:"TCP_MAX_CONNS" default:"1000" min:"1" max:"100000" desc:"client TCP connections open at once; when all are taken a new one replaces the idlest of the 64 oldest with no query unanswered, or is closed if each has one"`
 	TCPIdleTimeout    time.Duration  `envconfig:"TCP_IDLE_TIMEOUT" default:"10s" min:"1s" max:"1h" desc:"a client TCP connection that delivers no whole query for this long is closed"`
 	MaxUDPSize        int            `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
 	Upstream0x20      bool           `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
