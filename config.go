@@ -73,6 +73,7 @@ const (
 	keyCoolOff         = "DNS_BREAKER_COOLOFF"
 	keyMetricsAddr     = "DNS_METRICS_ADDR"
 	keyClientRate      = "DNS_CLIENT_RATE_LIMIT"
+	keyTCPMaxConns     = "DNS_TCP_MAX_CONNS"
 )
 
 // The entry gate's bounds. Below minRate a drained bucket takes over a
@@ -149,7 +150,11 @@ type resolver interface {
 // through the system once. Its error is one line that names the variable,
 // the value and what is expected.
 func loadConfig() (Config, error) {
-	return readConfig(os.LookupEnv, net.DefaultResolver)
+	cfg, err := readConfig(os.LookupEnv, net.DefaultResolver)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.checkDescriptors(descriptorLimit())
 }
 
 // readConfig is loadConfig with the environment and the resolver given.

@@ -1,0 +1,102 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startLimited runs the binary under a file descriptor limit of fds with
+// env, and returns how it began: "listening" once it serves, or the first
+// line it wrote before it exited.
+func startLimited(t *testing.T, bin string, fds int, env ...string) (started bool, line string, code int) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `ulimit -Sn "$1" && ulimit -Hn "$1" && exec "$0"`, bin, itoa(fds))
+	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "DNS_LISTEN=127.0.0.1:0", "DNS_METRICS_ADDR=off", "DNS_UPSTREAM=127.0.0.1:5300"}, env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	defer func() { cmd.Process.Kill(); <-done }()
+	lines := make(chan string, 16)
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		cmd.Wait()
+		close(lines)
+	}()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return false, line, cmd.ProcessState.ExitCode()
+			}
+			if strings.Contains(l, `msg=listening`) {
+				return true, l, 0
+			}
+			if line == "" {
+				line = l
+			}
+		case <-timeout:
+			t.Fatal("the binary neither served nor exited within 20s")
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// A process whose file descriptor limit cannot hold DNS_TCP_MAX_CONNS
+// connections beside its other sockets does not start: at the limit, accept
+// would fail and no idle connection could be closed for a new client, so
+// TCP would be shut to everyone. With a cap that fits it serves.
+func TestDescriptorLimitBelowTCPMaxConnsIsAConfigError(t *testing.T) {
+	bin := buildBinary(t)
+	started, line, code := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=1000")
+	if started || code != 2 {
+		t.Fatalf("1000 TCP connections under 512 descriptors: started=%v exit %d, first line %q; want exit 2", started, code, line)
+	}
+	want := `dnsproxi: DNS_TCP_MAX_CONNS="1000": must leave 256 of the process's 512 file descriptors (ulimit -n) for its other sockets and files: at most 256, or raise the limit`
+	if line != want {
+		t.Errorf("stderr %q\nwant   %q", line, want)
+	}
+	if started, line, _ := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=256"); !started {
+		t.Errorf("256 TCP connections under 512 descriptors did not start: %q", line)
+	}
+}
+
+// The check itself, at the edges of the limit.
+func TestCheckDescriptors(t *testing.T) {
+	tests := []struct {
+		conns int
+		limit uint64
+		want  string // "" for no error
+	}{
+		{1000, 0, ""}, // unknown: nothing checked
+		{1000, 1256, ""},
+		{1000, 1255, `DNS_TCP_MAX_CONNS="1000": must leave 256 of the process's 1255 file descriptors (ulimit -n) for its other sockets and files: at most 999, or raise the limit`},
+		{1, 257, ""},
+		{1, 256, `DNS_TCP_MAX_CONNS="1": must leave 256 of the process's 256 file descriptors (ulimit -n) for its other sockets and files: none fit, or raise the limit`},
+		{100000, 1 << 20, ""},
+	}
+	for _, tt := range tests {
+		c := Config{TCPMaxConns: tt.conns}
+		err := c.checkDescriptors(tt.limit)
+		if got := fmt.Sprint(err); (tt.want == "" && err != nil) || (tt.want != "" && got != tt.want) {
+			t.Errorf("%d connections, limit %d: %v, want %q", tt.conns, tt.limit, err, tt.want)
+		}
+	}
+}
