@@ -21,6 +21,11 @@ import (
 // default, what -h says of it (desc) and, for numbers and durations, the
 // range it must lie in (min, max).
 type Config struct {
+	// Set by fitDescriptors when it lowered the default DNS_TCP_MAX_CONNS
+	// (from tcpConnsLowered) to fit the descriptor limit.
+	tcpConnsLowered int
+	descriptors     uint64
+
 	Listen            string         `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address; port 0 takes a free port"`
 	Upstream          string         `envconfig:"UPSTREAM" desc:"upstream resolvers: host:port, port 1..65535, or a comma-separated list of 1 to 16; unset: the first nameserver of /etc/resolv.conf, port 53"`
 	UpstreamTimeout   time.Duration  `envconfig:"UPSTREAM_TIMEOUT" default:"2s" min:"10ms" max:"30s" desc:"deadline of one query upstream, TCP retry, retries and hedges included"`
@@ -154,7 +159,8 @@ func loadConfig() (Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	return cfg, cfg.checkDescriptors(descriptorLimit())
+	text, _ := os.LookupEnv(keyTCPMaxConns)
+	return cfg, cfg.fitDescriptors(descriptorLimit(), strings.TrimSpace(text) != "")
 }
 
 // readConfig is loadConfig with the environment and the resolver given.

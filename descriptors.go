@@ -8,6 +8,31 @@ import "fmt"
 // connections, the metrics listener and its clients, the query log, Redis.
 const otherDescriptors = 256
 
+// fitDescriptors checks DNS_TCP_MAX_CONNS against limit (checkDescriptors).
+// A cap the operator set that does not fit is an error; the default is
+// lowered to what fits instead, noted in tcpConnsLowered for the start-up
+// log, so that the proxy starts where the limit is low.
+func (c *Config) fitDescriptors(limit uint64, set bool) error {
+	err := c.checkDescriptors(limit)
+	if err == nil || set || limit <= otherDescriptors {
+		return err
+	}
+	c.tcpConnsLowered = c.TCPMaxConns
+	c.TCPMaxConns = int(limit - otherDescriptors)
+	c.descriptors = limit
+	return nil
+}
+
+// loweredWarning is the start-up log's line when fitDescriptors lowered
+// the default cap, or "".
+func (c *Config) loweredWarning() string {
+	if c.tcpConnsLowered == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: the default, %d, lowered to %d: the process may open %d file descriptors (ulimit -n) and keeps %d for its other sockets and files",
+		keyTCPMaxConns, c.tcpConnsLowered, c.TCPMaxConns, c.descriptors, otherDescriptors)
+}
+
 // checkDescriptors refuses a DNS_TCP_MAX_CONNS that the process's file
 // descriptor limit cannot hold beside everything else (limit 0: unknown,
 // nothing checked). At the limit accept fails before the server sees the

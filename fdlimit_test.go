@@ -13,9 +13,9 @@ import (
 )
 
 // startLimited runs the binary under a file descriptor limit of fds with
-// env, and returns how it began: "listening" once it serves, or the first
-// line it wrote before it exited.
-func startLimited(t *testing.T, bin string, fds int, env ...string) (started bool, line string, code int) {
+// env, and returns how it began: whether it served, the first line it
+// wrote, its exit code if it exited, and every line up to then.
+func startLimited(t *testing.T, bin string, fds int, env ...string) (started bool, line string, code int, all []string) {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", `ulimit -Sn "$1" && ulimit -Hn "$1" && exec "$0"`, bin, itoa(fds))
 	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "DNS_LISTEN=127.0.0.1:0", "DNS_METRICS_ADDR=off", "DNS_UPSTREAM=127.0.0.1:5300"}, env...)
@@ -43,13 +43,14 @@ func startLimited(t *testing.T, bin string, fds int, env ...string) (started boo
 		select {
 		case l, ok := <-lines:
 			if !ok {
-				return false, line, cmd.ProcessState.ExitCode()
+				return false, line, cmd.ProcessState.ExitCode(), all
 			}
-			if strings.Contains(l, `msg=listening`) {
-				return true, l, 0
-			}
+			all = append(all, l)
 			if line == "" {
 				line = l
+			}
+			if strings.Contains(l, `msg=listening`) {
+				return true, line, 0, all
 			}
 		case <-timeout:
 			t.Fatal("the binary neither served nor exited within 20s")
@@ -65,7 +66,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // TCP would be shut to everyone. With a cap that fits it serves.
 func TestDescriptorLimitBelowTCPMaxConnsIsAConfigError(t *testing.T) {
 	bin := buildBinary(t)
-	started, line, code := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=1000")
+	started, line, code, _ := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=1000")
 	if started || code != 2 {
 		t.Fatalf("1000 TCP connections under 512 descriptors: started=%v exit %d, first line %q; want exit 2", started, code, line)
 	}
@@ -73,8 +74,25 @@ func TestDescriptorLimitBelowTCPMaxConnsIsAConfigError(t *testing.T) {
 	if line != want {
 		t.Errorf("stderr %q\nwant   %q", line, want)
 	}
-	if started, line, _ := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=256"); !started {
+	if started, line, _, _ := startLimited(t, bin, 512, "DNS_TCP_MAX_CONNS=256"); !started {
 		t.Errorf("256 TCP connections under 512 descriptors did not start: %q", line)
+	}
+}
+
+// Left at its default, the cap fits itself to a low limit instead: the
+// proxy starts, with the cap it can hold, and says so.
+func TestDefaultTCPMaxConnsFitsALowDescriptorLimit(t *testing.T) {
+	bin := buildBinary(t)
+	started, line, code, all := startLimited(t, bin, 512)
+	if !started {
+		t.Fatalf("the default cap under 512 descriptors did not start: exit %d, %q", code, line)
+	}
+	want := `level=WARN msg="DNS_TCP_MAX_CONNS: the default, 1000, lowered to 256: the process may open 512 file descriptors (ulimit -n) and keeps 256 for its other sockets and files"`
+	if !strings.Contains(line, want) {
+		t.Errorf("first line %q\nwant it to hold %q", line, want)
+	}
+	if listening := all[len(all)-1]; !strings.Contains(listening, "tcp_max_conns=256 ") {
+		t.Errorf("started with %q, want tcp_max_conns=256", listening)
 	}
 }
 

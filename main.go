@@ -71,6 +71,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if w := cfg.loweredWarning(); w != "" {
+		log.Warn(w)
+	}
 	a, err := newApp(cfg, guard.RealClock{}, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
