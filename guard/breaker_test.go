@@ -403,3 +403,36 @@ func TestStateString(t *testing.T) {
 		}
 	}
 }
+
+// The threshold is exact at every whole percent, as dnsproxi builds it
+// (DNS_BREAKER_THRESHOLD / 100): with the window full, f failures of n trip
+// the breaker exactly when f/n >= k%, at 1%, 29% (where 0.29 × 100 falls
+// short of 29 in floating point), 99% and 100% alike, and a window of one
+// trips on its first failure at any threshold.
+func TestBreakerThresholdExactAtEveryPercent(t *testing.T) {
+	for _, n := range []int{1, 3, 7, 20, 100} {
+		for k := 1; k <= 100; k++ {
+			for f := 0; f <= n; f++ {
+				b, _ := newTestBreaker(t, BreakerConfig{Window: n, MinSamples: n, FailThreshold: float64(k) / 100})
+				for i := range n {
+					p, err := b.Acquire()
+					if err != nil {
+						t.Fatalf("window %d, %d%%: outcome %d refused before the window was full", n, k, i)
+					}
+					if i < n-f {
+						p.Success()
+					} else {
+						p.Failure()
+					}
+				}
+				want := Closed
+				if f*100 >= k*n {
+					want = Open
+				}
+				if got := b.State(); got != want {
+					t.Errorf("window %d, threshold %d%%: %d failures of %d left the breaker %v, want %v", n, k, f, n, got, want)
+				}
+			}
+		}
+	}
+}
