@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -434,5 +435,51 @@ func TestBreakerThresholdExactAtEveryPercent(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Half-open lets one probe through at a time, however many goroutines ask
+// while the clock moves: here every probe ends in a failure (which
+// re-opens the breaker, and its goroutine then moves the clock past the
+// cool-off) or a Cancel (which frees its place at once), so after the first
+// trip every permit is a probe, and no two may be out together. The clock
+// moves only while no probe is out, so none is ever lost. It also never
+// wedges: probes keep coming until the end.
+func TestBreakerOneProbeAtATimeUnderConcurrency(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{Window: 4, MinSamples: 1, CoolOff: time.Second})
+	trip(t, b)
+	clock.Advance(time.Second)
+	const goroutines, probes = 8, 4000
+	var out, given, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := 0; given.Load() < probes && i < 10*probes; i++ {
+				p, err := b.Acquire()
+				if err != nil {
+					continue
+				}
+				if n := out.Add(1); n > 1 {
+					t.Errorf("%d probes out at once", n)
+					return
+				}
+				given.Add(1)
+				out.Add(-1) // before the probe ends: the next one can only come after
+				if (i+g)%3 == 0 {
+					failed.Add(1)
+					p.Failure() // open again: this goroutine holds the only probe, so it alone moves the clock
+					clock.Advance(time.Second)
+				} else {
+					p.Cancel()
+				}
+			}
+		})
+	}
+	waitGroupWithin(t, &wg, time.Minute)
+	if given.Load() < probes {
+		t.Fatalf("only %d probes let through in %d tries per goroutine: the breaker wedged (state %v)", given.Load(), 10*probes, b.State())
+	}
+	if failed.Load() == 0 {
+		t.Fatal("no probe failed: the test did not re-open the breaker")
 	}
 }
