@@ -529,3 +529,38 @@ func TestTokenBucketBoundWithWaiters(t *testing.T) {
 		t.Fatalf("only %d calls for a bound of %.0f: too few to put the bound to the test", calls.Load(), bound)
 	}
 }
+
+// A clock that steps back mints nothing until it passes its latest reading
+// again, and a debt is no way around that: WaitN's tokens are earned
+// debt/rate after the latest reading the bucket has seen, so the wait
+// counts from there, not from the caller's earlier reading. Here the bucket
+// is emptied at t0+10s and the clock steps back to t0+5s: one token of debt
+// at 1/s is paid at t0+11s. (WaitN waited 1 s from t0+5s and returned at
+// t0+6s, a token the bucket had not earned.)
+func TestTokenBucketWaitNAfterTheClockSteppedBack(t *testing.T) {
+	clock := NewManualClock(t0.Add(10 * time.Second))
+	b := NewTokenBucket(1, 1, clock)
+	if !b.Allow(1) {
+		t.Fatal("a new bucket did not hand out its burst")
+	}
+	clock.Set(t0.Add(5 * time.Second))
+	done, _ := waitNBlocks(t, clock, b, 1)
+	stillWaiting := func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // no wait: only whether the waiter is still there
+		return clock.BlockUntilWaiters(ctx, 1) == nil
+	}
+	for _, at := range []time.Duration{6 * time.Second, 10 * time.Second, 10999 * time.Millisecond} {
+		clock.Set(t0.Add(at))
+		if !stillWaiting() {
+			t.Fatalf("WaitN's wait ended at t0+%v; the bucket earns its token only at t0+11s", at)
+		}
+	}
+	clock.Set(t0.Add(11 * time.Second))
+	if err := receiveWithin(t, done, 10*time.Second); err != nil {
+		t.Fatalf("WaitN = %v once its debt was paid", err)
+	}
+	if b.Allow(1) {
+		t.Fatal("the token paid to WaitN was handed out again")
+	}
+}
