@@ -107,7 +107,11 @@ type transition struct{ from, to State }
 
 // Permit is what Acquire hands to a call it lets through; the call ends it
 // exactly once, with Success, Failure, or Cancel when its outcome says
-// nothing about the dependency. The zero Permit reports nothing.
+// nothing about the dependency. The zero Permit reports nothing. A Permit
+// is a value and cannot tell it was ended before: a copy ended twice in
+// the generation it was taken in counts twice while the breaker stays
+// closed (a half-open probe's second end, after a transition or a Cancel,
+// is ignored). Whoever ends one drops it, as the pool does.
 type Permit struct {
 	b   *Breaker
 	gen uint64

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -401,5 +402,84 @@ func TestStateString(t *testing.T) {
 		if s.String() != want {
 			t.Errorf("%d.String() = %q, want %q", int(s), s.String(), want)
 		}
+	}
+}
+
+// The threshold is exact at every whole percent, as dnsproxi builds it
+// (DNS_BREAKER_THRESHOLD / 100): with the window full, f failures of n trip
+// the breaker exactly when f/n >= k%, at 1%, 29% (where 0.29 × 100 falls
+// short of 29 in floating point), 99% and 100% alike, and a window of one
+// trips on its first failure at any threshold.
+func TestBreakerThresholdExactAtEveryPercent(t *testing.T) {
+	for _, n := range []int{1, 3, 7, 20, 100} {
+		for k := 1; k <= 100; k++ {
+			for f := 0; f <= n; f++ {
+				b, _ := newTestBreaker(t, BreakerConfig{Window: n, MinSamples: n, FailThreshold: float64(k) / 100})
+				for i := range n {
+					p, err := b.Acquire()
+					if err != nil {
+						t.Fatalf("window %d, %d%%: outcome %d refused before the window was full", n, k, i)
+					}
+					if i < n-f {
+						p.Success()
+					} else {
+						p.Failure()
+					}
+				}
+				want := Closed
+				if f*100 >= k*n {
+					want = Open
+				}
+				if got := b.State(); got != want {
+					t.Errorf("window %d, threshold %d%%: %d failures of %d left the breaker %v, want %v", n, k, f, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+// Half-open lets one probe through at a time, however many goroutines ask
+// while the clock moves: here every probe ends in a failure (which
+// re-opens the breaker, and its goroutine then moves the clock past the
+// cool-off) or a Cancel (which frees its place at once), so after the first
+// trip every permit is a probe, and no two may be out together. The clock
+// moves only while no probe is out, so none is ever lost. It also never
+// wedges: probes keep coming until the end.
+func TestBreakerOneProbeAtATimeUnderConcurrency(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{Window: 4, MinSamples: 1, CoolOff: time.Second})
+	trip(t, b)
+	clock.Advance(time.Second)
+	const goroutines, probes = 8, 4000
+	var out, given, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := 0; given.Load() < probes && i < 10*probes; i++ {
+				p, err := b.Acquire()
+				if err != nil {
+					continue
+				}
+				if n := out.Add(1); n > 1 {
+					t.Errorf("%d probes out at once", n)
+					return
+				}
+				given.Add(1)
+				out.Add(-1) // before the probe ends: the next one can only come after
+				if (i+g)%3 == 0 {
+					failed.Add(1)
+					p.Failure() // open again: this goroutine holds the only probe, so it alone moves the clock
+					clock.Advance(time.Second)
+				} else {
+					p.Cancel()
+				}
+			}
+		})
+	}
+	waitGroupWithin(t, &wg, time.Minute)
+	if given.Load() < probes {
+		t.Fatalf("only %d probes let through in %d tries per goroutine: the breaker wedged (state %v)", given.Load(), 10*probes, b.State())
+	}
+	if failed.Load() == 0 {
+		t.Fatal("no probe failed: the test did not re-open the breaker")
 	}
 }

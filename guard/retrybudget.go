@@ -120,7 +120,11 @@ func (b *RetryBudget) WithdrawAt(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.advance(now)
-	withinShare := float64(b.retries+1) <= b.cfg.Ratio*float64(b.firsts)
+	// A quotient, not ratio × firsts: the division is rounded once, so when
+	// the retries are exactly the share (29 of 100 at 0.29) it equals the
+	// ratio, as the breaker's failures/samples does; the product can fall
+	// short (0.29 × 100 = 28.999999999999996). No first attempts: +Inf.
+	withinShare := float64(b.retries+1)/float64(b.firsts) <= b.cfg.Ratio
 	if !withinShare && s.retries >= int64(b.cfg.MinPerSecond) {
 		return false
 	}

@@ -155,3 +155,34 @@ func TestRetryBudgetConcurrent(t *testing.T) {
 		t.Fatalf("only %d retries let through for 16000 first attempts, want the share, %d", granted, 16000/10)
 	}
 }
+
+// The share is exact at its edge for every whole percent, as dnsproxi
+// builds the ratio (DNS_RETRY_BUDGET / 100): with F first attempts in the
+// window, the retry that brings the count to exactly k% of F is let
+// through, and the one after it is not. The first attempt counts are those
+// at which ratio × F, computed in floating point, falls just short of the
+// whole number k × F / 100 for some k (29% of 100 is 28.999999999999996).
+func TestRetryBudgetShareIsExactAtItsEdge(t *testing.T) {
+	for k := 1; k <= 100; k++ {
+		for _, firsts := range []int{50, 90, 100, 150, 180, 300, 2150, 4300} {
+			share := k * firsts / 100
+			if k*firsts%100 != 0 || share < 2 {
+				continue // not a whole number of retries, or within the floor
+			}
+			clock := NewManualClock(t0)
+			b := NewRetryBudget(RetryBudgetConfig{Ratio: float64(k) / 100, MinPerSecond: 1}, clock)
+			for range firsts {
+				b.Deposit()
+			}
+			granted := 0
+			for range share + 1 {
+				if b.Withdraw() {
+					granted++
+				}
+			}
+			if granted != share {
+				t.Errorf("%d%% of %d first attempts: %d retries let through, want exactly %d", k, firsts, granted, share)
+			}
+		}
+	}
+}

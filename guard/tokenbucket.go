@@ -135,6 +135,13 @@ func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
 	b.refill(now)
 	b.tokens -= need
 	wait := b.debtWait()
+	if wait > 0 && b.last.After(now) {
+		// now is older than the latest reading (stale, or the clock stepped
+		// back): the debt is paid debt/rate after that reading, and the wait
+		// counts from now.
+		behind := b.last.Sub(now)
+		wait = min(wait, maxWait-behind) + behind
+	}
 	b.mu.Unlock()
 	if wait == 0 {
 		return nil

@@ -470,3 +470,97 @@ func TestTokenBucketAllowAt(t *testing.T) {
 		}
 	}
 }
+
+// The bound holds with waiters too: on the real clock, goroutines that
+// Allow and goroutines that WaitN for 1 to 3 tokens under contexts that end
+// within 0.5 to 10 ms (so that many waits are refused at once for their
+// deadline, or end with it and give their tokens back) together never get
+// more than burst + rate × elapsed, counting every token a WaitN returned
+// nil for. A token given back twice shows as excess (5% over, when
+// giveBack returned 2n); a debt's length is TestTokenBucketWaitNDebt's.
+func TestTokenBucketBoundWithWaiters(t *testing.T) {
+	const (
+		rate     = 2000.0
+		burst    = 20
+		run      = 300 * time.Millisecond
+		maxCalls = 5_000_000 // per goroutine: a bound on count besides the one on time
+	)
+	start := time.Now()
+	b := NewTokenBucket(rate, burst, RealClock{})
+	stop := start.Add(run)
+	var admitted, calls, waited, gaveUp atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			var mine, tries int64
+			for ; tries < maxCalls && time.Now().Before(stop); tries++ {
+				if g%2 == 0 {
+					if b.Allow(1) {
+						mine++
+					}
+					continue
+				}
+				n := int(tries%3) + 1
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(500+tries%20*500)*time.Microsecond)
+				if err := b.WaitN(ctx, n); err == nil {
+					mine += int64(n)
+					waited.Add(1)
+				} else {
+					gaveUp.Add(1)
+				}
+				cancel()
+			}
+			admitted.Add(mine)
+			calls.Add(tries)
+		})
+	}
+	waitGroupWithin(t, &wg, 30*time.Second)
+	elapsed := time.Since(start)
+	bound := burst + rate*elapsed.Seconds()
+	t.Logf("%v: %d calls, %d tokens admitted (%d waits went through, %d gave up), bound %.0f",
+		elapsed.Round(time.Millisecond), calls.Load(), admitted.Load(), waited.Load(), gaveUp.Load(), bound)
+	if got := float64(admitted.Load()); got > bound {
+		t.Fatalf("admitted %d tokens in %v, more than burst + rate × elapsed = %.0f (%.3f×)", admitted.Load(), elapsed, bound, got/bound)
+	}
+	if waited.Load() == 0 || gaveUp.Load() == 0 {
+		t.Fatalf("%d waits went through and %d gave up: the run did not exercise both", waited.Load(), gaveUp.Load())
+	}
+	if calls.Load() < 10*int64(bound) {
+		t.Fatalf("only %d calls for a bound of %.0f: too few to put the bound to the test", calls.Load(), bound)
+	}
+}
+
+// A clock that steps back mints nothing until it passes its latest reading
+// again, and a debt is no way around that: WaitN's tokens are earned
+// debt/rate after the latest reading the bucket has seen, so the wait
+// counts from there, not from the caller's earlier reading. Here the bucket
+// is emptied at t0+10s and the clock steps back to t0+5s: one token of debt
+// at 1/s is paid at t0+11s. (WaitN waited 1 s from t0+5s and returned at
+// t0+6s, a token the bucket had not earned.)
+func TestTokenBucketWaitNAfterTheClockSteppedBack(t *testing.T) {
+	clock := NewManualClock(t0.Add(10 * time.Second))
+	b := NewTokenBucket(1, 1, clock)
+	if !b.Allow(1) {
+		t.Fatal("a new bucket did not hand out its burst")
+	}
+	clock.Set(t0.Add(5 * time.Second))
+	done, _ := waitNBlocks(t, clock, b, 1)
+	stillWaiting := func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // no wait: only whether the waiter is still there
+		return clock.BlockUntilWaiters(ctx, 1) == nil
+	}
+	for _, at := range []time.Duration{6 * time.Second, 10 * time.Second, 10999 * time.Millisecond} {
+		clock.Set(t0.Add(at))
+		if !stillWaiting() {
+			t.Fatalf("WaitN's wait ended at t0+%v; the bucket earns its token only at t0+11s", at)
+		}
+	}
+	clock.Set(t0.Add(11 * time.Second))
+	if err := receiveWithin(t, done, 10*time.Second); err != nil {
+		t.Fatalf("WaitN = %v once its debt was paid", err)
+	}
+	if b.Allow(1) {
+		t.Fatal("the token paid to WaitN was handed out again")
+	}
+}

@@ -236,8 +236,12 @@ func (x *Exchange) keep(reply []byte, err error) {
 // the outbound limit has a token. If not, the reservation is given back,
 // and if nothing else is out the query is reported with what it has.
 //
-// The outbound token is asked last, so that every token taken is an
-// attempt sent; a budget withdrawal it then refuses is not given back.
+// The outbound token is asked last, so that a token is taken only for an
+// attempt about to be sent; a budget withdrawal it then refuses is not
+// given back. If the query is answered while the attempt is being set up,
+// the attempt is not sent and its token and withdrawal are spent: the
+// upstreams see fewer attempts than were paid for, never more
+// (TestFirstAttemptEndsWhileTheHedgeIsSetUp).
 func (x *Exchange) extend(reason Reason, tried uint32) {
 	p := x.p
 	i, permit, ok := p.choose(x.start, tried)

@@ -9,7 +9,8 @@ import (
 
 // hedgeTick is the least a hedger sleeps: hedges due within it of one
 // another go out together, so a flood wakes it at most 1000 times a second
-// and a hedge goes out at most this late.
+// and a hedge goes out at most this late, or, if sending the hedges due
+// before it takes longer, as soon as they are sent.
 const hedgeTick = time.Millisecond
 
 // hedger sends the hedges of a pool from one goroutine: a waiting query is
@@ -99,12 +100,14 @@ func (h *hedger) run() {
 		var wait time.Duration
 		now := h.clock.Now()
 		due, wait = h.takeDue(now, due[:0])
+		// The alarm is set before the hedges due are sent: their sends take
+		// time, and the next hedge's wait counts from now, not from after them.
+		if at := now.Add(wait); wait > 0 && (alarm == nil || at.Before(alarmAt)) {
+			alarm, alarmAt = h.after(wait), at
+		}
 		for i, e := range due {
 			e.x.hedge(e.gen)
 			due[i] = hedgeEntry{} // keep no Exchange alive
-		}
-		if at := now.Add(wait); wait > 0 && (alarm == nil || at.Before(alarmAt)) {
-			alarm, alarmAt = h.after(wait), at
 		}
 		select {
 		case <-h.stop:

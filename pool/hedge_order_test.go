@@ -60,3 +60,30 @@ func TestHedgeOfAnEarlierReadingIsNotLate(t *testing.T) {
 	waitUntil(t, "both hedges at t0+50ms", func() bool { return r.obs.retries[RetryHedge].Load() == 2 })
 	t.Fatal("the hedge of the query read at t0-40ms, due at t0+10ms, went out only at t0+50ms, with the later query's")
 }
+
+// Sending the hedges due takes time, and the next hedge's alarm counts from
+// when they came due, not from when they were all sent: a hedge due while
+// others were going out goes out as soon as they are, not its whole wait
+// (at least hedgeTick) after them. Here the first hedge's send takes 5 ms
+// of the pool's clock and the second hedge is due 1 ms after the first:
+// it must go out with no further tick of the clock. (Its alarm was set
+// after the sends, from the clock as they left it: for 6 ms after the
+// first hedge, so it waited for time that had already passed.)
+func TestHedgeDueDuringSlowSendsIsNotLate(t *testing.T) {
+	r := newRig(t, rigConfig{n: 2, budget: generous, hedge: 100 * time.Millisecond})
+	r.ups[1].decide = func([]byte) outcome {
+		if r.ups[1].count() == 0 { // the first hedge: its send takes 5 ms
+			r.clock.Advance(5 * time.Millisecond)
+		}
+		return hold
+	}
+	forwardAtOn(t, r, "first.example", t0)                        // hedge due t0+100ms
+	forwardAtOn(t, r, "second.example", t0.Add(time.Millisecond)) // hedge due t0+101ms
+	hedgerWaits(t, r)
+	r.clock.Advance(100 * time.Millisecond) // the first hedge is due; its send moves the clock to t0+105ms
+	waitUntil(t, "the hedge due at t0+101ms, with the clock at t0+105ms",
+		func() bool { return r.obs.retries[RetryHedge].Load() == 2 })
+	if now := r.clock.Now(); !now.Equal(t0.Add(105 * time.Millisecond)) {
+		t.Fatalf("the clock is at t0+%v, want t0+105ms: only the first send moved it", now.Sub(t0))
+	}
+}

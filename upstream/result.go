@@ -30,6 +30,16 @@ package upstream
 // than the sweeper. Forged or malformed replies stamp nothing either, so an
 // off-path sender cannot make a dead upstream look alive.
 //
+// "While it waited" runs until the query is taken out, not to its
+// deadline: the comparison is made then, and one stamp, the latest, is
+// kept. The sweeper takes a query out within one sweep (a twentieth of
+// Config.Timeout, 1 to 100 ms) after its deadline, so a reply taken in
+// time for another query in that span vouches too: a query given a
+// 20 ms deadline by ForwardUntil, on an upstream with a 2 s timeout that
+// answers a neighbour 1 ms after that deadline, ends with ErrNameTimeout.
+// The grace only ever goes to an upstream that was answering; keeping
+// every stamp to judge exactly at the deadline would cost a lock.
+//
 // What the rule cannot see, and why that is the right trade:
 //
 //   - An upstream that answers only what it has cached and times out every
