@@ -69,6 +69,22 @@ func (r *rig) scrape() Scrape {
 	return s
 }
 
+// scrapeCounted scrapes until the proxy has counted at least n queries,
+// for at most 2 s: a client can read its answer a moment before the proxy
+// counts its outcome, so a scrape taken as the last answer arrives may miss
+// it. It returns the last scrape either way; the caller's checks then say
+// what is missing.
+func (r *rig) scrapeCounted(n int) Scrape {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s := r.scrape()
+		if s.Queries() >= n || time.Now().After(deadline) {
+			return s
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // outcomes prints the outcome table of one scrape.
 func (r *rig) outcomes(s Scrape) {
 	r.printf("  %-15s %6s\n", "outcome", "count")

@@ -200,6 +200,18 @@ func (s Scrape) Outcome(outcome string) int {
 	return int(total)
 }
 
+// Queries sums dnsproxi_queries_total over every outcome and query type:
+// the queries the proxy has counted.
+func (s Scrape) Queries() int {
+	total := 0.0
+	for k, v := range s {
+		if strings.HasPrefix(k, "dnsproxi_queries_total{") {
+			total += v
+		}
+	}
+	return int(total)
+}
+
 // Get returns one sample by its full name, labels included.
 func (s Scrape) Get(name string) float64 { return s[name] }
 

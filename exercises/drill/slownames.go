@@ -38,7 +38,7 @@ func drillSlowNames(r *rig) error {
 		neighbours = summarize(load(r.proxy.Addr, neighbourN, 1, span, 4*timeout, 1))
 	})
 	wg.Wait()
-	s := r.scrape()
+	s := r.scrapeCounted(slowN + neighbourN)
 	slowErrors, slowOpened, slowRefused := s.Outcome("upstream_error"), s.Transitions("closed", "open"), s.Outcome("breaker_open")
 	r.printf("  %s  %d slow names over %s: %s\n", at(), slowN, secs(span), slow)
 	r.printf("        %d other names meanwhile: %s\n", neighbourN, neighbours)
@@ -53,7 +53,7 @@ func drillSlowNames(r *rig) error {
 	// Half 2: the whole upstream goes dark; MIN_SAMPLES queries at once.
 	r.up.SetMode(fakeupstream.Blackhole)
 	dark := summarize(load(r.proxy.Addr, minSamples, minSamples, 0, 4*timeout, 1))
-	s = r.scrape()
+	s = r.scrapeCounted(slowN + neighbourN + minSamples)
 	darkErrors := s.Outcome("upstream_error") - slowErrors
 	r.printf("  %s  blackhole: %d queries at once → %s\n", at(), minSamples, dark)
 	r.printf("        %d timed out at the upstream; the breaker opened %d times and is %s\n",
