@@ -71,9 +71,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	if w := cfg.loweredWarning(); w != "" {
-		log.Warn(w)
-	}
 	a, err := newApp(cfg, guard.RealClock{}, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
@@ -85,6 +82,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	if err := a.start(); err != nil {
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
 		return 1
+	}
+	if w := cfg.loweredWarning(); w != "" { // once started: an error above is the one line printed
+		log.Warn(w)
 	}
 	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(), "upstream_rate_limit", outboundSummary(cfg),
