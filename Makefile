@@ -38,7 +38,8 @@ bench:
 compare:
 	@GO='$(GO)' bash scripts/compare.sh $(if $(HELP),-h)
 
-# drill runs every live drill at the chapter's timings (about a minute).
+# drill runs every live drill at the chapter's timings (a few minutes; the
+# quick form, which make test runs, takes about one).
 drill:
 	$(GO) run ./exercises/drill all
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -42,15 +43,24 @@ func TestStartupWarnsOfAnOpenAccessList(t *testing.T) {
 }
 
 func TestQueryLogThatCannotBeOpenedIsAConfigurationError(t *testing.T) {
-	path := t.TempDir() + "/missing/queries.log"
-	setEnv(t, map[string]string{"DNS_UPSTREAM": "127.0.0.1:53", "DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off",
-		"DNS_QUERY_LOG": path})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	var stdout, stderr syncBuffer
-	code := run(ctx, nil, &stdout, &stderr, nil)
-	out := stderr.String()
-	if code != 2 || strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, `dnsproxi: DNS_QUERY_LOG="`+path+`": `) {
-		t.Fatalf("exit %d, stderr %q; want exit 2 and one line naming DNS_QUERY_LOG", code, out)
+	dir := t.TempDir()
+	for _, path := range []string{
+		dir + "/missing/queries.log",
+		// A newline in the path stayed raw in the open error's text: two
+		// lines on stderr, where the rule is one.
+		dir + "/missing\nline/queries.log",
+	} {
+		t.Run(path, func(t *testing.T) {
+			setEnv(t, map[string]string{"DNS_UPSTREAM": "127.0.0.1:53", "DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off",
+				"DNS_QUERY_LOG": path})
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			var stdout, stderr syncBuffer
+			code := run(ctx, nil, &stdout, &stderr, nil)
+			out := stderr.String()
+			if code != 2 || strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, fmt.Sprintf("dnsproxi: DNS_QUERY_LOG=%q: ", path)) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 and one line naming DNS_QUERY_LOG", code, out)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -140,6 +141,12 @@ func openQueryLog(target QueryLogTarget, sample Sample, stderr io.Writer, log *s
 	}
 	f, err := openLogFile(string(target))
 	if err != nil {
+		// The line names the path once, quoted: the error's own text
+		// repeats it raw, and a newline in it would break the line.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = fmt.Errorf("cannot open it: %w", pe.Err)
+		}
 		return nil, &configError{fmt.Errorf("DNS_QUERY_LOG=%q: %v", string(target), err)}
 	}
 	return newQueryLog(f, f, float64(sample), queryLogBuffer, log), nil
