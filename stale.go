@@ -26,8 +26,7 @@ import (
 //     at once without asking, so a dead upstream is not asked name by name;
 //   - no answer came within DNS_CACHE_STALE_WAIT (the client-response
 //     timer): the timer answers the clients, and the refresh goes on and
-//     updates the entry when it lands; meanwhile the name is held as after
-//     a failed refresh, answered stale at once without asking.
+//     updates the entry when it lands.
 //
 // The timer and the completion race for the waiters: whichever claims them
 // first answers them all, the other leaves them alone. Once the timer has
@@ -171,18 +170,13 @@ func (sw *staleWait) stop() {
 
 // fire is the timer: if the completion has not claimed the waiters, it
 // takes the flight out of the table (no one joins a flight whose clients
-// are answered) and answers every waiter stale. First it puts the entry
-// under the recheck timer, as a failed refresh does: a query that comes
-// while the refresh is still out is answered stale at once instead of
-// sending a refresh of its own and waiting the timer out again. The
-// refresh's answer, if one comes and is stored, replaces the entry.
+// are answered) and answers every waiter stale.
 func (sw *staleWait) fire() {
 	if !sw.claimed.CompareAndSwap(false, true) {
 		return // the completion came first: f is not the timer's to touch
 	}
 	f := sw.f
 	p := f.p
-	f.cached.fallback.RefreshFailed(p.cache.clock.Now())
 	if f.shared {
 		p.unshare(f)
 	}
