@@ -133,14 +133,19 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 // flight that holds one too: a flight without one, a prefetch of the entry
 // while it was fresh, answers its waiters SERVFAIL if it fails and arms no
 // client-response timer, so the query would lose the stale answer it was
-// owed. It refreshes on its own instead.
+// owed. It refreshes on its own instead. One that finds only full flights
+// refreshing its entry gets its stale answer at once: the entry is being
+// refreshed already, and a refresh of its own would make a flood of one
+// expired name ask a dead upstream once per maxFollowers+1 clients.
 func (p *proxy) join(f *flight) bool {
 	stale := f.cached.fallback.Stale()
+	refreshing := false // a full flight refreshes f's entry
 	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
 	for g := *sh.chain(f.hash); g != nil; g = g.next {
 		if g.hash == f.hash && g.key.Equal(&f.key) {
 			if len(g.joiners) >= maxFollowers {
+				refreshing = refreshing || stale && g.cached.fallback.Stale()
 				continue // full: a newer flight beside it may have room
 			}
 			if stale && !g.cached.fallback.Stale() {
@@ -154,6 +159,11 @@ func (p *proxy) join(f *flight) bool {
 		}
 	}
 	sh.mu.Unlock()
+	if refreshing {
+		p.answerAtOnce(f, f.cached.fallback, metrics.Stale)
+		f.recycle()
+		return true
+	}
 	return false
 }
 

@@ -247,8 +247,7 @@ func (a *app) start() error {
 			mux.Handle(flushPath, a.flushHandler()) // admin.go
 		}
 		a.metricsLn = ln
-		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go a.metricsHTTP.Serve(ln)
+		a.metricsHTTP = serveMetrics(ln, mux) // metricsconns.go
 	}
 	if err := a.server.Start(); err != nil {
 		a.closeOutputs()
