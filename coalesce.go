@@ -52,6 +52,7 @@ type flight struct {
 	hash    uint64  // key.Hash, beside next: a walk along a chain reads one line a flight
 	net     uint8   // index into proxy.flights: 0 UDP, 1 TCP
 	shared  bool    // in the table: others may join until it lands
+	fired   bool    // its client-response timer answered its waiters: no one joins; guarded by its shard's lock
 	done    upstream.ResultAt
 	joiners []waiter    // the waiters besides the leader; they join under the shard's lock
 	cached  flightCache // its part in the answer cache (stale.go)
@@ -99,7 +100,7 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	if f.done == nil {
 		f.done = f.land // made once per flight, not once per query
 	}
-	f.p, f.next, f.hash, f.shared = p, nil, 0, false
+	f.p, f.next, f.hash, f.shared, f.fired = p, nil, 0, false, false
 	f.net = 0
 	if q.Net == "tcp" {
 		f.net = 1
@@ -134,9 +135,12 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 // while it was fresh, answers its waiters SERVFAIL if it fails and arms no
 // client-response timer, so the query would lose the stale answer it was
 // owed. It refreshes on its own instead. One that finds only full flights
-// refreshing its entry gets its stale answer at once: the entry is being
-// refreshed already, and a refresh of its own would make a flood of one
-// expired name ask a dead upstream once per maxFollowers+1 clients.
+// refreshing its entry, or one whose client-response timer has answered
+// its clients (stale.go) while the refresh is still out, gets its stale
+// answer at once: the entry is being refreshed already, and a refresh of
+// its own would make a flood of one expired name ask a dead upstream once
+// per maxFollowers+1 clients, or once per DNS_CACHE_STALE_WAIT with every
+// client waiting the timer out again.
 func (p *proxy) join(f *flight) bool {
 	stale := f.cached.fallback.Stale()
 	refreshing := false // a full flight refreshes f's entry
@@ -144,6 +148,10 @@ func (p *proxy) join(f *flight) bool {
 	sh.mu.Lock()
 	for g := *sh.chain(f.hash); g != nil; g = g.next {
 		if g.hash == f.hash && g.key.Equal(&f.key) {
+			if g.fired { // its clients have their stale answers; the refresh is still out
+				refreshing = refreshing || stale
+				continue
+			}
 			if len(g.joiners) >= maxFollowers {
 				refreshing = refreshing || stale && g.cached.fallback.Stale()
 				continue // full: a newer flight beside it may have room
@@ -177,6 +185,17 @@ func (p *proxy) share(f *flight) {
 	head := sh.chain(f.hash)
 	f.next, f.shared = *head, true
 	*head = f
+	sh.mu.Unlock()
+}
+
+// fire marks f, in the table, as answered by its client-response timer:
+// no one joins it from then on, so its waiters are the timer's alone, and
+// a query for its name is answered stale at once while it is still out
+// (join). It stays in the table until it lands.
+func (p *proxy) fire(f *flight) {
+	sh := p.flights[f.net].shard(f.hash)
+	sh.mu.Lock()
+	f.fired = true
 	sh.mu.Unlock()
 }
 

@@ -169,8 +169,9 @@ func (sw *staleWait) stop() {
 }
 
 // fire is the timer: if the completion has not claimed the waiters, it
-// takes the flight out of the table (no one joins a flight whose clients
-// are answered) and answers every waiter stale.
+// closes the flight to joiners (no one joins a flight whose clients are
+// answered; a query for the name is answered stale at once while the
+// refresh is out, coalesce.go) and answers every waiter stale.
 func (sw *staleWait) fire() {
 	if !sw.claimed.CompareAndSwap(false, true) {
 		return // the completion came first: f is not the timer's to touch
@@ -178,7 +179,7 @@ func (sw *staleWait) fire() {
 	f := sw.f
 	p := f.p
 	if f.shared {
-		p.unshare(f)
+		p.fire(f)
 	}
 	for i := range f.waiting() {
 		if wt := f.waiter(i); wt.w != nil {

@@ -70,3 +70,42 @@ func TestStaleRefreshFloodAsksOnce(t *testing.T) {
 		t.Errorf("stale %d, want %d", got, clients)
 	}
 }
+
+// A query for an expired name that comes after the client-response timer
+// has answered its refresh's clients, while that refresh is still out, is
+// answered stale at once and sends nothing. Before, the timer took the
+// flight out of the table and the name was still only expired, so the
+// query started a refresh of its own and waited the timer out again: with
+// DNS_UPSTREAM_TIMEOUT=10s and the default 1.8 s timer, a dark upstream got
+// 5 refreshes of one busy name in 9 s and every client waited 1.8 s
+// (seen black-box).
+func TestStaleAfterTimerWhileRefreshIsOut(t *testing.T) {
+	a, up, clock := startCaching(t, func(c *Config) {
+		c.UpstreamTimeout = 5 * time.Second
+		c.CacheStaleWait = time.Second
+	})
+	primeAndExpire(t, a, clock)
+	up.SetMode(fakeupstream.Blackhole)
+	got := askWhileStaleWaits(t, a, clock)
+	clock.Advance(time.Second)
+	select {
+	case r := <-got:
+		if r == nil {
+			t.Fatal("the first client got no answer")
+		}
+		wantStale(t, r)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no stale answer after the client-response timer")
+	}
+
+	q := query("www.example.com", dns.TypeA)
+	q.SetEdns0(1232, false)
+	r, err := tryAsk("udp", a.addr(), q, time.Second) // the refresh is out for 5 s
+	if err != nil {
+		t.Fatalf("the next client, while the refresh is out: %v; want a stale answer at once", err)
+	}
+	wantStale(t, r)
+	if got := up.Total(); got != 2 {
+		t.Errorf("the upstream received %d queries, want 2: the priming and one refresh", got)
+	}
+}
