@@ -392,3 +392,19 @@ func askWhileStaleWaits(t *testing.T, a *app, clock *guard.ManualClock) <-chan *
 	}
 	return got
 }
+
+// staleAfterTimer waits for the answer askWhileStaleWaits asked for, once
+// the test has advanced the clock past the client-response timer, and
+// wants it stale.
+func staleAfterTimer(t *testing.T, got <-chan *dns.Msg) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if r == nil {
+			t.Fatal("the first client got no answer")
+		}
+		wantStale(t, r)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no stale answer after the client-response timer")
+	}
+}

@@ -86,17 +86,7 @@ func TestBusyTCPConnectionsKeepTheirSlots(t *testing.T) {
 	h := newHolder()
 	addr := startServer(t, &Server{MaxTCPConns: 2, Handler: h, OnDropped: dropped.add})
 	held := dialAll(t, addr, 2)
-	for i, c := range held {
-		m := new(dns.Msg).SetQuestion("held.example.", dns.TypeA)
-		if err := (&dns.Conn{Conn: c}).WriteMsg(m); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-h.entered:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("held[%d]'s query never reached the handler", i)
-		}
-	}
+	holdOneEach(t, h, held)
 	c := dialAll(t, addr, 1)[0]
 	if !closedByServer(c, 3*time.Second) {
 		t.Fatal("a connection beyond MaxTCPConns was kept open while every slot waits for an answer")
@@ -126,17 +116,7 @@ func TestEvictionScanIsBounded(t *testing.T) {
 	h.entered = make(chan struct{}, evictScan)
 	addr := startServer(t, &Server{MaxTCPConns: evictScan + 1, Handler: h, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
 	busy := dialAll(t, addr, evictScan)
-	for i, c := range busy {
-		m := new(dns.Msg).SetQuestion("held.example.", dns.TypeA)
-		if err := (&dns.Conn{Conn: c}).WriteMsg(m); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-h.entered:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("busy[%d]'s query never reached the handler", i)
-		}
-	}
+	holdOneEach(t, h, busy)
 	idle := dialAll(t, addr, 1)[0] // the newest: behind every busy one
 	c := dialAll(t, addr, 1)[0]
 	if !closedByServer(c, 3*time.Second) {
@@ -237,6 +217,22 @@ func TestQueryReadAsItsConnectionIsEvictedIsNotTaken(t *testing.T) {
 	for _, name := range names {
 		if name == "old.example." {
 			t.Errorf("the handler was given the query read as its connection was closed for a newcomer")
+		}
+	}
+}
+
+// holdOneEach sends one query on each of conns and waits until h holds it.
+func holdOneEach(t *testing.T, h *holder, conns []net.Conn) {
+	t.Helper()
+	for i, c := range conns {
+		m := new(dns.Msg).SetQuestion("held.example.", dns.TypeA)
+		if err := (&dns.Conn{Conn: c}).WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-h.entered:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("connection %d's query never reached the handler", i)
 		}
 	}
 }
