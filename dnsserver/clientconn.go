@@ -39,7 +39,6 @@ type clientConn struct {
 
 	// Guarded by the server's mu.
 	prev, next *clientConn // in Server.byQuery
-	listed     bool        // in Server.byQuery: not yet ended
 	evicted    bool        // closed for a new connection: not chosen again, and takes no query
 
 	mu     sync.Mutex

@@ -41,7 +41,6 @@ func (s *Server) serveTCP() {
 		}
 		s.conns[cc] = struct{}{}
 		s.byQuery.pushBack(cc)
-		cc.listed = true
 		s.mu.Unlock()
 		s.wg.Add(2)
 		go cc.send()
@@ -151,7 +150,7 @@ func (s *Server) serveConn(cc *clientConn) {
 		// empty, so either it saw this token, or this sees evicted.
 		s.mu.Lock()
 		evicted := cc.evicted
-		if !evicted && cc.listed {
+		if !evicted {
 			s.byQuery.moveToBack(cc)
 		}
 		s.mu.Unlock()
@@ -174,10 +173,7 @@ func (s *Server) endConn(cc *clientConn) {
 	cc.close("")
 	s.mu.Lock()
 	delete(s.conns, cc)
-	if cc.listed {
-		s.byQuery.remove(cc)
-		cc.listed = false
-	}
+	s.byQuery.remove(cc)
 	s.mu.Unlock()
 	<-s.connTokens
 }

@@ -30,9 +30,6 @@ func checkConnList(s *Server) error {
 		if cc.prev != prev {
 			return fmt.Errorf("connection %d in the list: its prev is not the one before it", n)
 		}
-		if !cc.listed {
-			return fmt.Errorf("connection %d in the list is marked unlisted", n)
-		}
 		if _, ok := s.conns[cc]; !ok {
 			return fmt.Errorf("connection %d in the list has ended", n)
 		}
