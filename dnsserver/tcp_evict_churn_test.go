@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-
-	"dnsproxi/internal/wire"
 )
 
 // checkConnList reports what is wrong with s's list of connections, if
@@ -110,15 +108,7 @@ func TestTCPEvictionUnderChurn(t *testing.T) {
 				if err := checkConnList(s); err != nil {
 					broken.set(err)
 				}
-				reply := wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess)
-				drop := q.Wire[1]%4 == 0
-				go func() { // answered from elsewhere, as an upstream does
-					if drop {
-						w.Drop()
-					} else {
-						w.Write(reply)
-					}
-				}()
+				answerElsewhere(w, q)
 			})
 			addr := startServer(t, s)
 

@@ -232,15 +232,7 @@ func TestSlowTCPReaderCostsOnlyItself(t *testing.T) {
 func TestTCPAnswersAccountedWhenClientsLeave(t *testing.T) {
 	const clients, queries, reads = 20, 40, 10
 	s := &Server{TCPPipeline: 8, Handler: HandlerFunc(func(w ResponseWriter, q *Query) {
-		reply := wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess)
-		drop := q.Wire[1]%4 == 0
-		go func() { // answered from elsewhere, as an upstream does
-			if drop {
-				w.Drop()
-			} else {
-				w.Write(reply)
-			}
-		}()
+		answerElsewhere(w, q)
 	})}
 	addr := startServer(t, s)
 	var flood []byte
@@ -398,4 +390,18 @@ func BenchmarkTCPPipelined(b *testing.B) {
 	if err := <-sent; err != nil {
 		b.Fatal(err)
 	}
+}
+
+// answerElsewhere answers q from another goroutine, as an upstream's reader
+// does, and drops every fourth query (by its ID) unanswered instead.
+func answerElsewhere(w ResponseWriter, q *Query) {
+	reply := wire.AppendReply(nil, q.Wire, q.QEnd, dns.RcodeSuccess) // q.Wire is not ours to keep
+	drop := q.Wire[1]%4 == 0
+	go func() {
+		if drop {
+			w.Drop()
+		} else {
+			w.Write(reply)
+		}
+	}()
 }

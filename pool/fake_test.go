@@ -256,3 +256,20 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// nextQueryReusesExchange asks one more query, which takes the Exchange
+// the last one gave back, and wants it answered on its own (REFUSED by both
+// upstreams) while ch, the earlier query's, hears nothing more.
+func (r *rig) nextQueryReusesExchange(t *testing.T, ch <-chan result) {
+	t.Helper()
+	r.ups[0].decide = func([]byte) outcome { return refused }
+	r.ups[1].decide = func([]byte) outcome { return refused }
+	ch2, err := r.ask("next.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := wait(t, ch2); rcode(res) != dns.RcodeRefused {
+		t.Fatalf("the next query: rcode %d (%v), want REFUSED", rcode(res), res.err)
+	}
+	none(t, ch, "the first query, after the Exchange's reuse")
+}

@@ -96,17 +96,7 @@ func TestFirstAttemptEndsWhileTheHedgeIsSetUp(t *testing.T) {
 				p.Cancel()
 			}
 
-			// The Exchange is back in the pool: the next query uses it afresh.
-			r.ups[0].decide = func([]byte) outcome { return refused }
-			r.ups[1].decide = func([]byte) outcome { return refused }
-			ch2, err := r.ask("next.example")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res := wait(t, ch2); rcode(res) != dns.RcodeRefused {
-				t.Fatalf("the next query: rcode %d (%v), want REFUSED", rcode(res), res.err)
-			}
-			none(t, ch, "the first query, after the Exchange's reuse")
+			r.nextQueryReusesExchange(t, ch) // the Exchange is back in the pool
 		})
 	}
 }
