@@ -47,7 +47,8 @@ func dialAll(t *testing.T, addr string, n int) []net.Conn {
 // never closed for a newcomer.
 func TestIdleTCPConnectionsGiveWayToNewClients(t *testing.T) {
 	var dropped reasons
-	addr := startServer(t, &Server{MaxTCPConns: 3, TCPIdleTimeout: time.Minute, OnDropped: dropped.add})
+	s := &Server{MaxTCPConns: 3, TCPIdleTimeout: time.Minute, OnDropped: dropped.add}
+	addr := startServer(t, s)
 	held := dialAll(t, addr, 3)
 	// held[0] has waited since it connected, half a query sent; held[1]
 	// asked one after, held[2] last.
@@ -60,6 +61,7 @@ func TestIdleTCPConnectionsGiveWayToNewClients(t *testing.T) {
 	}
 
 	for i, want := range []int{0, 1} {
+		waitNothingDue(t, s)
 		c := dialAll(t, addr, 1)[0]
 		if r, err := askOn(c, "new.example.", 3*time.Second); err != nil || r.Rcode != dns.RcodeSuccess {
 			t.Fatalf("newcomer %d with every slot idle: %v %v", i, r, err)
@@ -218,6 +220,29 @@ func TestQueryReadAsItsConnectionIsEvictedIsNotTaken(t *testing.T) {
 		if name == "old.example." {
 			t.Errorf("the handler was given the query read as its connection was closed for a newcomer")
 		}
+	}
+}
+
+// waitNothingDue waits until no connection of s has a query unanswered. A
+// client reads its answer the moment it is written, a moment before the
+// writer counts it answered: until then its connection is busy, not idle.
+func waitNothingDue(t *testing.T, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		s.mu.Lock()
+		due := 0
+		for cc := range s.conns {
+			due += len(cc.pipeline)
+		}
+		s.mu.Unlock()
+		if due == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queries still counted unanswered 3s after their answers were read", due)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
