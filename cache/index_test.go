@@ -236,7 +236,13 @@ func TestIndexReadersDuringRebuilds(t *testing.T) {
 		s.index(stay[i])
 		s.mu.Unlock()
 	}
-	deadline := time.Now().Add(2 * time.Second)
+	// 200 rebuilds, or 2 s; on a loaded machine, where the readers leave
+	// the writer little time, at least the 20 checked below, for up to 30 s.
+	start := time.Now()
+	enough := func(rebuilds int64) bool {
+		since := time.Since(start)
+		return rebuilds >= 200 || since > 2*time.Second && rebuilds >= 20 || since > 30*time.Second
+	}
 	stop := make(chan struct{})
 	var rebuilds atomic.Int64
 	var wg sync.WaitGroup
@@ -246,7 +252,7 @@ func TestIndexReadersDuringRebuilds(t *testing.T) {
 		at := map[uint64]int{} // where each churn hash lies in churn
 		r := rand.New(rand.NewPCG(3, 3))
 		last := s.tab.Load()
-		for i := 0; rebuilds.Load() < 200 && time.Now().Before(deadline); i++ {
+		for i := 0; !enough(rebuilds.Load()); i++ {
 			s.mu.Lock()
 			// Grow to some 3000 entries and back to none, over and over.
 			if len(churn) == 0 || (i/4000)%2 == 0 && len(churn) < 3000 && r.IntN(4) > 0 {

@@ -126,9 +126,19 @@ func TestOutboundPaysEveryAttempt(t *testing.T) {
 				t.Fatalf("the observer heard of %d extra attempts, want %d", retries, tt.wantSends[1])
 			}
 			if tt.wantSends[1] == 0 {
-				if _, err := r.pool.Breaker(1).Acquire(); err != nil {
-					t.Fatalf("the refused attempt kept upstream 1's probe: %v", err)
-				}
+				// A refused hedge gives the probe back on the hedger's
+				// goroutine once the limit's answer returns, which may be
+				// just after the query's report: wait for it, against a
+				// deadline.
+				b := r.pool.Breaker(1)
+				waitUntil(t, "the refused attempt to give upstream 1's probe back", func() bool {
+					p, err := b.Acquire()
+					if err != nil {
+						return false
+					}
+					p.Cancel()
+					return true
+				})
 			}
 		})
 	}

@@ -219,8 +219,10 @@ func TestCaseFallbackNeedsProbesInARow(t *testing.T) {
 				}
 				return []*dns.Msg{answer(req)}
 			})
-			// No exact reply before the probes: each waits Timeout/10, 100 ms.
-			u := newUpstream(t, Config{Addr: srv.addr(), Timeout: time.Second})
+			// No exact reply before the probes: each waits Timeout/10, 200 ms,
+			// and the fallback comes after 0.3 to 0.45 of the timeout, leaving
+			// the rest, 1.1 s at least, to a loaded machine.
+			u := newUpstream(t, Config{Addr: srv.addr(), Timeout: 2 * time.Second})
 			type outcome struct {
 				reply []byte
 				err   error

@@ -180,9 +180,11 @@ func TestHostileTCPUpstreamEachQueryOnce(t *testing.T) {
 	}
 	const n = 200
 	var reports [n]atomic.Int32
-	var late, answered atomic.Int32
+	var lateness [n]atomic.Int64 // past the timeout, when first reported
+	var answered atomic.Int32
 	var all sync.WaitGroup
 	all.Add(n)
+	stalls := meterStalls(t)
 	start := time.Now()
 	for i := range n {
 		m := q(fmt.Sprintf("h%d.example.", i))
@@ -191,10 +193,8 @@ func TestHostileTCPUpstreamEachQueryOnce(t *testing.T) {
 		sent := time.Now()
 		u.Forward(b, "tcp", func(query, reply []byte, err error) {
 			if reports[i].Add(1) == 1 {
+				lateness[i].Store(int64(time.Since(sent) - timeout))
 				all.Done()
-			}
-			if time.Since(sent) > timeout+200*time.Millisecond {
-				late.Add(1)
 			}
 			if err == nil {
 				answered.Add(1)
@@ -208,6 +208,15 @@ func TestHostileTCPUpstreamEachQueryOnce(t *testing.T) {
 		}
 	}
 	waitGroup(t, &all, 5*time.Second, "every query reported")
+	// Reported by the deadline: within 200 ms of it, beyond what the whole
+	// process stalled meanwhile.
+	stalled := stalls()
+	late := 0
+	for i := range lateness {
+		if time.Duration(lateness[i].Load()) > 200*time.Millisecond+stalled {
+			late++
+		}
+	}
 	closed := make(chan struct{})
 	go func() { u.Close(); close(closed) }()
 	select {
@@ -220,9 +229,10 @@ func TestHostileTCPUpstreamEachQueryOnce(t *testing.T) {
 			t.Errorf("query %d reported %d times", i, got)
 		}
 	}
-	t.Logf("%d answered, %d later than the deadline by 200ms, %v, %d connections", answered.Load(), late.Load(), time.Since(start), accepted.Load())
-	if late.Load() > 0 {
-		t.Errorf("%d queries reported more than 200ms past their deadline", late.Load())
+	t.Logf("%d answered, %d later than the deadline by 200ms and the %v the process stalled, %v, %d connections",
+		answered.Load(), late, stalled, time.Since(start), accepted.Load())
+	if late > 0 {
+		t.Errorf("%d queries reported more than 200ms past their deadline (and past the %v the process stalled)", late, stalled)
 	}
 	if accepted.Load() < 5 {
 		t.Errorf("%d connections: not every behaviour met a query", accepted.Load())
