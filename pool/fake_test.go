@@ -257,6 +257,22 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// waitProbeFree waits until b's half-open probe is free to take. An extra
+// attempt that is not sent gives its probe back on the hedger's goroutine
+// once the outbound limit's answer returns, which may be just after the
+// query's report.
+func waitProbeFree(t *testing.T, b *guard.Breaker, what string) {
+	t.Helper()
+	waitUntil(t, what, func() bool {
+		p, err := b.Acquire()
+		if err != nil {
+			return false
+		}
+		p.Cancel()
+		return true
+	})
+}
+
 // nextQueryReusesExchange asks one more query, which takes the Exchange
 // the last one gave back, and wants it answered on its own (REFUSED by both
 // upstreams) while ch, the earlier query's, hears nothing more.

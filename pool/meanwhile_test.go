@@ -89,18 +89,7 @@ func TestFirstAttemptEndsWhileTheHedgeIsSetUp(t *testing.T) {
 					t.Fatalf("the hedge, upstream 1's probe, was answered; its breaker is %v, want closed", s)
 				}
 			} else {
-				// The hedger gives the probe back on its own goroutine once
-				// the limit's answer returns, which may be just after the
-				// query's report: wait for it, against a deadline.
-				p, err := b.Acquire()
-				for deadline := time.Now().Add(3 * time.Second); err != nil && time.Now().Before(deadline); {
-					time.Sleep(time.Millisecond)
-					p, err = b.Acquire()
-				}
-				if err != nil {
-					t.Fatalf("the unsent hedge kept upstream 1's probe for 3s: %v (breaker %v)", err, b.State())
-				}
-				p.Cancel()
+				waitProbeFree(t, b, "the unsent hedge to give upstream 1's probe back")
 			}
 
 			r.nextQueryReusesExchange(t, ch) // the Exchange is back in the pool

@@ -126,19 +126,7 @@ func TestOutboundPaysEveryAttempt(t *testing.T) {
 				t.Fatalf("the observer heard of %d extra attempts, want %d", retries, tt.wantSends[1])
 			}
 			if tt.wantSends[1] == 0 {
-				// A refused hedge gives the probe back on the hedger's
-				// goroutine once the limit's answer returns, which may be
-				// just after the query's report: wait for it, against a
-				// deadline.
-				b := r.pool.Breaker(1)
-				waitUntil(t, "the refused attempt to give upstream 1's probe back", func() bool {
-					p, err := b.Acquire()
-					if err != nil {
-						return false
-					}
-					p.Cancel()
-					return true
-				})
+				waitProbeFree(t, r.pool.Breaker(1), "the refused attempt to give upstream 1's probe back")
 			}
 		})
 	}
