@@ -24,6 +24,14 @@ const (
 	fleetSize  = 3
 )
 
+// patientRedis gives each Redis call the largest timeout allowed, 1 s, for
+// the cases whose Redis is alive or dead but never slow: at the default
+// 50 ms a call slowed by a loaded machine (a -race run on two cores) is a
+// switch to local mode and back that the case did not cause, and would
+// count against it ("left shared mode", "2 switches to local mode").
+// A killed Redis refuses at once, whatever the timeout.
+var patientRedis = map[string]string{"DNS_UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT": "1s"}
+
 func TestOutboundFleet(t *testing.T) {
 	bin := buildBinary(t)
 	t.Run("shared", func(t *testing.T) { testFleetShared(t, bin) })
@@ -41,7 +49,7 @@ func testFleetShared(t *testing.T, bin string) {
 	r := startRedisProc(t)
 	up := startUpstream(t)
 	start := time.Now()
-	fleet := startFleet(t, bin, up.Addr(), r.URL(), "shared", nil)
+	fleet := startFleet(t, bin, up.Addr(), r.URL(), "shared", patientRedis)
 	for _, p := range fleet {
 		p.waitMetric(t, `dnsproxi_upstream_ratelimit_mode{mode="shared"}`, 1)
 		p.waitMetric(t, "dnsproxi_upstream_ratelimit_fleet_instances", fleetSize)
@@ -88,7 +96,7 @@ func testFleetShared(t *testing.T, bin string) {
 func testFleetRedisKilled(t *testing.T, bin string) {
 	r := startRedisProc(t)
 	up := startUpstream(t)
-	fleet := startFleet(t, bin, up.Addr(), r.URL(), "killed", nil)
+	fleet := startFleet(t, bin, up.Addr(), r.URL(), "killed", patientRedis)
 	for _, p := range fleet {
 		p.waitMetric(t, "dnsproxi_upstream_ratelimit_fleet_instances", fleetSize)
 	}

@@ -21,7 +21,10 @@ func TestWaitingQueriesHoldNoGoroutine(t *testing.T) {
 	up.SetMode(fakeupstream.Blackhole)
 	cfg := testConfig(up.Addr())
 	cfg.MaxInflight = 0 // no cap: every query waits
-	cfg.UpstreamTimeout = time.Second
+	// The flood must be at the upstream at once: a query waits there until
+	// its deadline, and a loaded machine (-race, two cores) took more than
+	// 1 s to send 3,000, so that at 1 s never half of them waited together.
+	cfg.UpstreamTimeout = 3 * time.Second
 	a := startProxy(t, cfg, guard.RealClock{})
 	before := runtime.NumGoroutine()
 

@@ -253,13 +253,26 @@ func TestForwardGateThroughTheProxy(t *testing.T) {
 	up := startUpstream(t)
 	up.SetMode(fakeupstream.Blackhole)
 	cfg := testConfig(up.Addr())
-	cfg.UpstreamTimeout = 300 * time.Millisecond
+	// The probe below is held at the upstream while the test asks three
+	// more queries: on a loaded machine (-race, two cores) that took more
+	// than 300 ms, and the probe timed out. 2 s; the four timeouts that
+	// open the breaker run at once, so the wait is paid once.
+	cfg.UpstreamTimeout = 2 * time.Second
 	cfg.BreakerThreshold, cfg.BreakerMinSamples, cfg.BreakerCoolOff = 50, 4, time.Second
 	clock := guard.NewManualClock(time.Now())
 	a := startProxy(t, cfg, clock)
 
-	for range 4 { // four timeouts: 100% failures at MinSamples
-		ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	trips := make(chan *dns.Msg, 4)
+	for i := range 4 { // four timeouts: 100% failures at MinSamples (names of their own: none joins another)
+		go func() {
+			r, _ := tryAsk("udp", a.addr(), query(fmt.Sprintf("trip%d.example.com", i), dns.TypeA), 5*time.Second)
+			trips <- r
+		}()
+	}
+	for range 4 {
+		if r := <-trips; r == nil || r.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("a query at the blackholed upstream: %v, want SERVFAIL", r)
+		}
 	}
 	if s := a.breaker(0).State(); s != guard.Open {
 		t.Fatalf("breaker %v after 4 timeouts, want open", s)

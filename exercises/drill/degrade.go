@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -226,7 +227,7 @@ func drillDegrade(r *rig) error {
 
 	r.numbers = map[string]int{
 		"primed": with.prime.NoError, "first_ok": with.first.NoError, "first_stale": with.first.Stale,
-		"known_asked": with.known.Total, "known_stale": with.known.Stale, "known_fast": with.known.Within10ms,
+		"known_asked": with.known.Total, "known_stale": with.known.Stale, "known_fast": with.known.Within(staleWait / 2),
 		"unknown_servfail": with.unknown.ServFail, "outage_packets": with.outagePackets, "probes": with.probes,
 		"healed_new_ok": with.healedNew.NoError, "flushed_fresh": with.flushed.NoError - with.flushed.Stale,
 		"nocache_first_ok": without.first.NoError, "nocache_known_ok": without.known.NoError,
@@ -236,8 +237,9 @@ func drillDegrade(r *rig) error {
 	r.expect(with.prime.NoError == known && without.prime.NoError == known, "priming: %s / %s", with.prime, without.prime)
 	r.expect(with.first.NoError == known && with.first.Stale == known, "first round with the cache: %s, want %d stale", with.first, known)
 	r.expect(with.known.Stale == with.known.Total, "outage with the cache: %s, want every known name stale", with.known)
-	r.expect(with.known.Within10ms >= with.known.Total-with.probes,
-		"outage with the cache: %d of %d within 10ms, want all but the %d that took a probe", with.known.Within10ms, with.known.Total, with.probes)
+	r.expect(with.known.Within(staleWait/2) >= with.known.Total-with.probes,
+		"outage with the cache: %d of %d within %s (half the stale-wait timer), want all but the %d that took a probe",
+		with.known.Within(staleWait/2), with.known.Total, secs(staleWait/2), with.probes)
 	r.expect(with.unknown.ServFail == unknownN, "new names in the outage: %s, want SERVFAIL", with.unknown)
 	r.expect(with.outagePackets == with.probes && with.probes <= maxProbes,
 		"the upstream received %d packets in the outage for %d probes (at most %d): a refresh storm?", with.outagePackets, with.probes, maxProbes)
@@ -253,7 +255,14 @@ func add(a, b summary) summary {
 	return summary{Total: a.Total + b.Total, NoError: a.NoError + b.NoError, ServFail: a.ServFail + b.ServFail,
 		Refused: a.Refused + b.Refused, Other: a.Other + b.Other, Unanswered: a.Unanswered + b.Unanswered,
 		Within10ms: a.Within10ms + b.Within10ms, Within100ms: a.Within100ms + b.Within100ms,
-		P50: max(a.P50, b.P50), P99: max(a.P99, b.P99)}
+		P50: max(a.P50, b.P50), P99: max(a.P99, b.P99), lat: merged(a.lat, b.lat)}
+}
+
+// merged is two sorted lists of latencies as one, sorted.
+func merged(a, b []time.Duration) []time.Duration {
+	out := append(append(make([]time.Duration, 0, len(a)+len(b)), a...), b...)
+	slices.Sort(out)
+	return out
 }
 
 // outcomesWith prints the outcome table with extra outcomes.

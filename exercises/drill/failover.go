@@ -51,16 +51,21 @@ func failoverMoves(r *rig, second *fakeupstream.Server) error {
 	r.printf("  upstream timeout %s, hedge %s (a quarter), cool-off %s; DNS_RETRY_BUDGET=100 here, so that\n", secs(timeout), secs(timeout/4), secs(coolOff))
 	r.printf("  every query may hedge; %g queries/s from 4 clients\n\n", rate)
 
+	// A healthy first upstream slower than the hedge delay (on a loaded
+	// machine, now and then) is hedged to the second: the second may then
+	// receive those hedges, and nothing else, while the first is healthy.
+	hedges := func() int64 { return int64(r.scrape().Get(`dnsproxi_retries_total{reason="hedge"}`)) }
 	type phase struct {
 		name                string
 		res                 summary
 		firstPkts, scndPkts int64
+		hedges              int64
 	}
 	var phases []phase
 	run := func(name string, span time.Duration) {
-		f0, s0 := r.up.Total(), second.Total()
+		f0, s0, h0 := r.up.Total(), second.Total(), hedges()
 		res := summarize(load(r.proxy.Addr, int(span.Seconds()*rate), 4, span, 4*timeout, 1))
-		phases = append(phases, phase{name, res, r.up.Total() - f0, second.Total() - s0})
+		phases = append(phases, phase{name, res, r.up.Total() - f0, second.Total() - s0, hedges() - h0})
 	}
 	run("both healthy", healthy)
 	r.up.SetMode(fakeupstream.Blackhole)
@@ -90,15 +95,16 @@ func failoverMoves(r *rig, second *fakeupstream.Server) error {
 	dp, hp, after := phases[1], phases[2], phases[3]
 	r.numbers = map[string]int{"dead_answered": dp.res.NoError, "dead_total": dp.res.Total, "tripped": tripped,
 		"probes_dead": probesDead, "closed_again": s.TransitionsOf(first, "half-open", "closed"),
-		"after_first": int(after.firstPkts), "after_second": int(after.scndPkts), "healed_answered": hp.res.NoError}
-	r.expect(phases[0].scndPkts == 0, "the second upstream received %d packets while the first was healthy, want 0", phases[0].scndPkts)
+		"after_first": int(after.firstPkts), "after_second": int(max(after.scndPkts-after.hedges, 0)), "healed_answered": hp.res.NoError}
+	r.expect(phases[0].scndPkts <= phases[0].hedges, "the second upstream received %d packets while the first was healthy, want none but the %d hedges",
+		phases[0].scndPkts, phases[0].hedges)
 	r.expect(float64(dp.res.NoError) >= 0.97*float64(dp.res.Total), "first blackholed: %d of %d answered, want ≥ 97%%", dp.res.NoError, dp.res.Total)
 	r.expect(dp.res.P99 < timeout, "first blackholed: p99 %s, want below the %s timeout", secs(dp.res.P99), secs(timeout))
 	r.expect(tripped == 1, "the first upstream's breaker opened %d times while dead, want 1", tripped)
 	r.expect(probesDead <= int(dead/coolOff)+1, "%d probes in %s of cool-offs of %s: more than one per cool-off", probesDead, secs(dead), secs(coolOff))
 	r.expect(s.TransitionsOf(first, "half-open", "closed") == 1, "the healed first upstream's breaker did not close")
-	r.expect(after.scndPkts == 0 && after.firstPkts > 0, "after the heal: first %d, second %d packets; want everything at the first",
-		after.firstPkts, after.scndPkts)
+	r.expect(after.scndPkts <= after.hedges && after.firstPkts > 0, "after the heal: first %d, second %d packets (%d hedges); want everything at the first but hedges",
+		after.firstPkts, after.scndPkts, after.hedges)
 	r.expect(hp.res.NoError == hp.res.Total, "first healed: %d of %d answered", hp.res.NoError, hp.res.Total)
 	return nil
 }
