@@ -142,7 +142,10 @@ func drillRateLimit(r *rig) error {
 
 // drillBreaker: blackhole → trip → open (the upstream sees nothing) → heal → probe → closed.
 func drillBreaker(r *rig) error {
-	timeout, coolOff := r.dur(500*time.Millisecond), r.dur(2*time.Second)
+	// The cool-off is never under a second: the open phase must come
+	// before it ends, and a loaded machine (a -race run beside other
+	// tests) stretched the quick form's trip from 0.4 s to nearly 1 s.
+	timeout, coolOff := r.dur(500*time.Millisecond), max(r.dur(2*time.Second), time.Second)
 	r.up.SetMode(fakeupstream.Blackhole)
 	if err := r.startProxy(map[string]string{
 		"DNS_BREAKER_THRESHOLD": "50", "DNS_BREAKER_MIN_SAMPLES": "20",
