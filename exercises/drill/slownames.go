@@ -11,7 +11,10 @@ import (
 // drillSlowNames: slow names among answered neighbours leave the breaker
 // closed; the same upstream blackholed opens it within MIN_SAMPLES.
 func drillSlowNames(r *rig) error {
-	timeout, coolOff, span := r.dur(500*time.Millisecond), r.dur(2*time.Second), r.dur(2*time.Second)
+	// The cool-off only has to outlast the open phase, which nothing here
+	// waits out: a long one costs nothing, and a loaded machine (a -race
+	// run beside other tests) once took the quick form's 0.4 s before it.
+	timeout, coolOff, span := r.dur(500*time.Millisecond), 10*time.Second, r.dur(2*time.Second)
 	const minSamples, slowN, neighbourN = 20, 40, 10
 	r.up.SetDelay(3 * timeout) // a name under "slow." is answered, but long after the deadline
 	r.up.SetMode(fakeupstream.OK)
