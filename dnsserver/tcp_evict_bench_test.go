@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-
-	"dnsproxi/internal/wire"
 )
 
 // BenchmarkTCPPipelinedConns measures one query and its answer over TCP
@@ -19,10 +17,7 @@ import (
 // connection lock, to move its connection to the back of the list.
 func BenchmarkTCPPipelinedConns(b *testing.B) {
 	const conns = 16
-	s := &Server{Addr: "127.0.0.1:0", Handler: HandlerFunc(func(w ResponseWriter, q *Query) {
-		var buf [wire.HeaderLen + 260]byte
-		w.Write(wire.AppendReply(buf[:0], q.Wire, q.QEnd, dns.RcodeSuccess))
-	})}
+	s := &Server{Addr: "127.0.0.1:0", Handler: stackEcho}
 	if err := s.Start(); err != nil {
 		b.Fatal(err)
 	}
