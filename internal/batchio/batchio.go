@@ -48,6 +48,14 @@ func NewReader(conn *net.UDPConn, batch, bufSize int) (*Reader, error) {
 // Packet and Addr give them until the next Read.
 func (r *Reader) Read() (int, error) { return r.sys.read(r) }
 
+// Serve reads batches until the socket is closed or fails, handing each to
+// handle, which reads it through Packet, Truncated and Addr and must not
+// block (the socket's Close waits for it to return). It returns the error
+// that ended it. On Linux it reads no more often than it must: after a
+// batch that emptied an unconnected socket it waits for the next packet
+// without first reading to find nothing, as Read's caller must.
+func (r *Reader) Serve(handle func(n int)) error { return r.sys.serve(r, handle) }
+
 // Packet returns the i-th datagram of the last Read.
 func (r *Reader) Packet(i int) []byte { return r.bufs[i][:r.sizes[i]] }
 

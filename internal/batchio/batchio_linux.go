@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"strconv"
+	"sync/atomic"
 
 	"net/netip"
 	"syscall"
@@ -25,6 +26,14 @@ type readerSys struct {
 	// load most calls bring a packet or two, and readying all 64 every call
 	// cost more than the rest of the read.
 	dirty int
+
+	// Serve's: the handler of each batch, the callback that reads and
+	// serves (made once), and whether a batch that came back short means
+	// the socket was empty (see serveRaw).
+	serveFn        func(fd uintptr) bool
+	handle         func(n int)
+	emptyWhenShort bool
+	reads          atomic.Int64 // recvmmsg calls, for the tests
 }
 
 func (s *readerSys) init(r *Reader) error {
@@ -35,6 +44,11 @@ func (s *readerSys) init(r *Reader) error {
 	n := len(r.bufs)
 	s.rc, s.hdrs, s.iovs, s.names = rc, make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]unix.RawSockaddrAny, n)
 	s.recvFn = s.recv
+	s.serveFn = func(fd uintptr) bool { return s.serveRaw(r, fd) }
+	// Not connected: no ICMP error is ever queued on it (without IP_RECVERR
+	// the kernel reports them only to a connected socket), so nothing but an
+	// empty queue ends a batch early.
+	s.emptyWhenShort = r.conn.RemoteAddr() == nil
 	for i := range n {
 		s.iovs[i].Base = &r.bufs[i][0]
 		s.iovs[i].SetLen(len(r.bufs[i]))
@@ -54,12 +68,58 @@ func (s *readerSys) read(r *Reader) (int, error) {
 	if s.err != nil {
 		return 0, s.err
 	}
+	s.fill(r)
+	return s.n, nil
+}
+
+// fill makes the s.n packets the last recv got readable through r.
+func (s *readerSys) fill(r *Reader) {
 	for i := range s.n {
 		r.sizes[i] = min(int(s.hdrs[i].Len), len(r.bufs[i]))
 		r.cut[i] = s.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
 		r.addrs[i] = decodeAddr(&s.names[i], s.hdrs[i].Hdr.Namelen)
 	}
-	return s.n, nil
+}
+
+func (s *readerSys) serve(r *Reader, handle func(n int)) error {
+	s.handle = handle
+	defer func() { s.handle = nil }()
+	for {
+		s.n, s.err = 0, nil
+		if err := s.rc.Read(s.serveFn); err != nil {
+			return err
+		}
+		if s.err != nil {
+			return s.err
+		}
+	}
+}
+
+// serveRaw reads a batch and hands it to s.handle; it returns false to
+// wait until the socket is readable, true to be called again at once (after
+// its caller has checked that the socket is still open).
+//
+// Once a wait has begun, the poller remembers every packet that comes in
+// until it ends: the kernel signals a packet that finds the socket's queue
+// empty, and the poller keeps that signal for the waiter. A batch that came
+// back short found the queue empty after its last packet, so whatever came
+// in since, while it was served, was signalled: serveRaw can wait at once,
+// instead of reading again to find nothing, the second of every wake-up's
+// two reads at moderate load. That holds within one rc.Read only: a new
+// call forgets the signals that came before it, so a full batch (more may
+// be queued, unsignalled) or an error returns, and the next call reads first.
+// On a connected socket a short batch may instead have been cut by a queued
+// ICMP error, with packets behind it and no signal to come: read again.
+func (s *readerSys) serveRaw(r *Reader, fd uintptr) bool {
+	if !s.recv(fd) {
+		return false
+	}
+	if s.err != nil {
+		return true
+	}
+	s.fill(r)
+	s.handle(s.n)
+	return s.n == len(s.hdrs) || !s.emptyWhenShort
 }
 
 // recv makes one recvmmsg call; it returns false to wait until the socket is readable.
@@ -73,6 +133,7 @@ func (s *readerSys) recv(fd uintptr) bool {
 		s.hdrs[i].Hdr.Flags = 0
 	}
 	s.dirty = 0
+	s.reads.Add(1)
 	r1, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(len(s.hdrs)),
 		unix.MSG_DONTWAIT, 0, 0) // raw: it never waits (see send)
 	switch e {

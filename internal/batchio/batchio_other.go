@@ -17,6 +17,16 @@ func (readerSys) read(r *Reader) (int, error) {
 	return 1, nil
 }
 
+func (s readerSys) serve(r *Reader, handle func(n int)) error {
+	for {
+		n, err := s.read(r)
+		if err != nil {
+			return err
+		}
+		handle(n)
+	}
+}
+
 type writerSys struct{}
 
 // sendsInline: a plain write may wait, so a Release leaves it to run.

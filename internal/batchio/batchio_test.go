@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-func listen(t *testing.T, network, addr string) *net.UDPConn {
+func listen(t testing.TB, network, addr string) *net.UDPConn {
 	t.Helper()
 	ua, _ := net.ResolveUDPAddr(network, addr)
 	c, err := net.ListenUDP(network, ua)
