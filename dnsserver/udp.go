@@ -69,30 +69,33 @@ func (u *listenSocket) close() {
 // hits, refusals) go out in one sendmmsg with one wake-up of its goroutine.
 func (s *Server) serveUDP(u *listenSocket) {
 	defer s.wg.Done()
+	serve := func(n int) { s.serveBatch(u, n) }
 	for {
-		n, err := u.reader.Read()
-		if err != nil {
-			if s.closing.Load() || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue // a transient error (ICMP unreachable from an earlier reply): keep serving
+		err := u.reader.Serve(serve)
+		if s.closing.Load() || errors.Is(err, net.ErrClosed) {
+			return
 		}
-		u.writer.Hold()
-		forwards := s.Forwards.Hold()
-		for i := range n {
-			to := u.reader.Addr(i)
-			w := &udpWriter{out: u.writer, to: to}
-			w.start(s)
-			client := netip.AddrPortFrom(to.Addr().Unmap(), to.Port())
-			if u.reader.Truncated(i) {
-				s.tooLarge(w, u.reader.Packet(i), client)
-				continue
-			}
-			s.serve(w, &w.q, u.reader.Packet(i), "udp", client)
-		}
-		batchio.Release(forwards)
-		u.writer.Release()
+		// A transient error (ICMP unreachable from an earlier reply): keep serving.
 	}
+}
+
+// serveBatch hands the n packets the socket's reader holds to the handler.
+func (s *Server) serveBatch(u *listenSocket, n int) {
+	u.writer.Hold()
+	forwards := s.Forwards.Hold()
+	for i := range n {
+		to := u.reader.Addr(i)
+		w := &udpWriter{out: u.writer, to: to}
+		w.start(s)
+		client := netip.AddrPortFrom(to.Addr().Unmap(), to.Port())
+		if u.reader.Truncated(i) {
+			s.tooLarge(w, u.reader.Packet(i), client)
+			continue
+		}
+		s.serve(w, &w.q, u.reader.Packet(i), "udp", client)
+	}
+	batchio.Release(forwards)
+	u.writer.Release()
 }
 
 // udpWriter answers one UDP query.
