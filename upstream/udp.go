@@ -246,44 +246,46 @@ func (s *udpSocket) takeSuspects(out []*call) []*call {
 // read hands replies to their queries until the socket is closed.
 func (s *udpSocket) read() {
 	defer close(s.done)
+	serve := func(n int) { s.serveReplies(n) }
 	for {
-		n, err := s.reader.Read()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(time.Millisecond) // ICMP port unreachable and the like: the queries time out
+		err := s.reader.Serve(serve)
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		time.Sleep(time.Millisecond) // ICMP port unreachable and the like: the queries time out
+	}
+}
+
+// serveReplies hands the n replies the socket's reader holds to their queries.
+func (s *udpSocket) serveReplies(n int) {
+	// One reading for the batch: every reply in it came in by now. A reply
+	// read after its query's deadline is late even if it arrived just
+	// before: as the sweeper would judge it, never more kindly.
+	now := time.Now()
+	held := s.u.cfg.Replies.Hold()
+	for i := range n {
+		reply := s.reader.Packet(i)
+		if len(reply) < wire.HeaderLen {
 			continue
 		}
-		// One reading for the batch: every reply in it came in by now. A reply
-		// read after its query's deadline is late even if it arrived just
-		// before: as the sweeper would judge it, never more kindly.
-		now := time.Now()
-		held := s.u.cfg.Replies.Hold()
-		for i := range n {
-			reply := s.reader.Packet(i)
-			if len(reply) < wire.HeaderLen {
-				continue
-			}
-			c, v, suspect := s.take(reply, now)
-			if suspect {
-				s.u.startProbe()
-			}
-			switch {
-			case c == nil:
-			case v == replyLate:
-				c.finishAt(now, nil, s.u.pastDeadline(c))
-			case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
-				s.u.cases.resends.Add(1)
-				s.u.sendUDP(c, now)
-			case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline
-				c.unmix()
-				s.u.forwardTCP(c)
-			default: // an answer, TC set or not: a TC answer would not fit the client either
-				s.u.markAnswered(now) // before done: the upstream answered in time
-				c.finishAt(now, reply, nil)
-			}
+		c, v, suspect := s.take(reply, now)
+		if suspect {
+			s.u.startProbe()
 		}
-		batchio.Release(held)
+		switch {
+		case c == nil:
+		case v == replyLate:
+			c.finishAt(now, nil, s.u.pastDeadline(c))
+		case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
+			s.u.cases.resends.Add(1)
+			s.u.sendUDP(c, now)
+		case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline
+			c.unmix()
+			s.u.forwardTCP(c)
+		default: // an answer, TC set or not: a TC answer would not fit the client either
+			s.u.markAnswered(now) // before done: the upstream answered in time
+			c.finishAt(now, reply, nil)
+		}
 	}
+	batchio.Release(held)
 }

@@ -52,8 +52,8 @@ func (r *Reader) Read() (int, error) { return r.sys.read(r) }
 // handle, which reads it through Packet, Truncated and Addr and must not
 // block (the socket's Close waits for it to return). It returns the error
 // that ended it. On Linux it reads no more often than it must: after a
-// batch that emptied an unconnected socket it waits for the next packet
-// without first reading to find nothing, as Read's caller must.
+// batch that emptied the socket it waits for the next packet without first
+// reading to find nothing, as Read's caller must.
 func (r *Reader) Serve(handle func(n int)) error { return r.sys.serve(r, handle) }
 
 // Packet returns the i-th datagram of the last Read.

@@ -27,13 +27,11 @@ type readerSys struct {
 	// cost more than the rest of the read.
 	dirty int
 
-	// Serve's: the handler of each batch, the callback that reads and
-	// serves (made once), and whether a batch that came back short means
-	// the socket was empty (see serveRaw).
-	serveFn        func(fd uintptr) bool
-	handle         func(n int)
-	emptyWhenShort bool
-	reads          atomic.Int64 // recvmmsg calls, for the tests
+	// Serve's: the handler of each batch and the callback that reads and
+	// serves (made once).
+	serveFn func(fd uintptr) bool
+	handle  func(n int)
+	reads   atomic.Int64 // recvmmsg calls, for the tests
 }
 
 func (s *readerSys) init(r *Reader) error {
@@ -45,10 +43,6 @@ func (s *readerSys) init(r *Reader) error {
 	s.rc, s.hdrs, s.iovs, s.names = rc, make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]unix.RawSockaddrAny, n)
 	s.recvFn = s.recv
 	s.serveFn = func(fd uintptr) bool { return s.serveRaw(r, fd) }
-	// Not connected: no ICMP error is ever queued on it (without IP_RECVERR
-	// the kernel reports them only to a connected socket), so nothing but an
-	// empty queue ends a batch early.
-	s.emptyWhenShort = r.conn.RemoteAddr() == nil
 	for i := range n {
 		s.iovs[i].Base = &r.bufs[i][0]
 		s.iovs[i].SetLen(len(r.bufs[i]))
@@ -99,17 +93,18 @@ func (s *readerSys) serve(r *Reader, handle func(n int)) error {
 // wait until the socket is readable, true to be called again at once (after
 // its caller has checked that the socket is still open).
 //
-// Once a wait has begun, the poller remembers every packet that comes in
-// until it ends: the kernel signals a packet that finds the socket's queue
-// empty, and the poller keeps that signal for the waiter. A batch that came
-// back short found the queue empty after its last packet, so whatever came
-// in since, while it was served, was signalled: serveRaw can wait at once,
-// instead of reading again to find nothing, the second of every wake-up's
-// two reads at moderate load. That holds within one rc.Read only: a new
-// call forgets the signals that came before it, so a full batch (more may
-// be queued, unsignalled) or an error returns, and the next call reads first.
-// On a connected socket a short batch may instead have been cut by a queued
-// ICMP error, with packets behind it and no signal to come: read again.
+// Once a wait has begun, the poller remembers every signal of the socket
+// until it ends: the kernel signals a packet that comes in (at the least one
+// that finds the queue empty), and an error it queues on the socket (an ICMP
+// error on a connected socket). A batch comes back short when the queue was
+// empty after its last packet, or when an error that came in during the
+// read cut it, with packets maybe behind it. Either way what came since was
+// signalled: serveRaw can wait at once, instead of reading again to find
+// nothing, the second of every wake-up's two reads at moderate load. (An
+// error queued before the read is returned by its first packet, never
+// cutting a batch.) That holds within one rc.Read only: a new call forgets
+// the signals that came before it, so a full batch (more may be queued,
+// unsignalled) or an error returns, and the next call reads first.
 func (s *readerSys) serveRaw(r *Reader, fd uintptr) bool {
 	if !s.recv(fd) {
 		return false
@@ -119,7 +114,7 @@ func (s *readerSys) serveRaw(r *Reader, fd uintptr) bool {
 	}
 	s.fill(r)
 	s.handle(s.n)
-	return s.n == len(s.hdrs) || !s.emptyWhenShort
+	return s.n == len(s.hdrs)
 }
 
 // recv makes one recvmmsg call; it returns false to wait until the socket is readable.

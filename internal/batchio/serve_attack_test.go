@@ -428,12 +428,13 @@ func TestServeAttackCloseWaitsForHandler(t *testing.T) {
 	}
 }
 
-// With IP_RECVERR an unconnected socket does queue ICMP errors, so a batch
-// may be cut short by an error with packets behind it: Serve's reasoning
-// does not cover it, yet no packet stalls, because the kernel signals the
-// error itself (the wait wakes and the next read returns it) and a Serve
-// started again reads first. Here every reply the socket sends goes to a
-// closed port, so errors keep coming while packets arrive one by one.
+// A socket that queues ICMP errors (a connected one, as the upstream's are,
+// or here, so that packets can keep coming from anywhere, one with
+// IP_RECVERR) may have a batch cut short by an error with packets behind
+// it: no packet stalls, because the kernel signals the error itself (the
+// wait wakes and the next read returns it) and a Serve started again reads
+// first. Here every reply the socket sends goes to a closed port, so errors
+// keep coming while packets arrive one by one.
 func TestServeAttackErrorsQueuedWithRecvErr(t *testing.T) {
 	conn, from := listen(t, "udp4", "127.0.0.1:0"), listen(t, "udp4", "127.0.0.1:0")
 	rc, err := conn.SyscallConn()
