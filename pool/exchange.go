@@ -333,6 +333,15 @@ func (x *Exchange) report(now time.Time, reply []byte, err error) {
 	}
 }
 
+// Cancel gives back an Exchange Acquire returned that will not forward:
+// its first attempt's breaker hears nothing (a half-open probe's place is
+// freed at once), and x belongs to the pool again. The outbound token
+// Acquire paid is not given back.
+func (x *Exchange) Cancel() {
+	x.att[0].permit.Cancel()
+	x.recycle()
+}
+
 // recycle returns x to the pool; a hedge still queued for this use finds
 // another gen.
 func (x *Exchange) recycle() {
