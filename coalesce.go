@@ -141,12 +141,26 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 // its own would make a flood of one expired name ask a dead upstream once
 // per maxFollowers+1 clients, or once per DNS_CACHE_STALE_WAIT with every
 // client waiting the timer out again.
-func (p *proxy) join(f *flight) bool {
+func (p *proxy) join(f *flight) bool { return p.joinOr(f, false) }
+
+// joinOrShare is join, and if f joins nothing it puts f in the table for
+// others to join, first in its chain so that joiners find the newest
+// flight (the one with room) first: in one step under the shard's lock, so
+// that of identical queries that each found nothing to join at once (join
+// comes before the gates, and f is shared only after them), one is shared
+// and the others join it. It reports whether f joined (or was answered
+// stale at once, as join does); f is then recycled. Flights with the same
+// key may still stand side by side: one that filled up, or fired, and the
+// one started beside it.
+func (p *proxy) joinOrShare(f *flight) bool { return p.joinOr(f, true) }
+
+func (p *proxy) joinOr(f *flight, share bool) bool {
 	stale := f.cached.fallback.Stale()
 	refreshing := false // a full flight refreshes f's entry
 	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
-	for g := *sh.chain(f.hash); g != nil; g = g.next {
+	head := sh.chain(f.hash)
+	for g := *head; g != nil; g = g.next {
 		if g.hash == f.hash && g.key.Equal(&f.key) {
 			if g.fired { // its clients have their stale answers; the refresh is still out
 				refreshing = refreshing || stale
@@ -166,6 +180,10 @@ func (p *proxy) join(f *flight) bool {
 			return true
 		}
 	}
+	if share && !refreshing {
+		f.next, f.shared = *head, true
+		*head = f
+	}
 	sh.mu.Unlock()
 	if refreshing {
 		p.answerAtOnce(f, f.cached.fallback, metrics.Stale)
@@ -173,19 +191,6 @@ func (p *proxy) join(f *flight) bool {
 		return true
 	}
 	return false
-}
-
-// share puts f in the table for others to join, first in its chain, so
-// that joiners find the newest flight (the one with room) first. Flights
-// with the same key may stand side by side: one that filled up, and the one
-// started beside it, or two started at once.
-func (p *proxy) share(f *flight) {
-	sh := p.flights[f.net].shard(f.hash)
-	sh.mu.Lock()
-	head := sh.chain(f.hash)
-	f.next, f.shared = *head, true
-	*head = f
-	sh.mu.Unlock()
 }
 
 // fire marks f, in the table, as answered by its client-response timer:

@@ -2,12 +2,12 @@ package main
 
 import (
 	"encoding/binary"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/dnsserver"
 	"dnsproxi/exercises/fakeupstream"
@@ -161,9 +161,8 @@ func TestCoalescingKeepsUDPAndTCPApart(t *testing.T) {
 			answers <- r
 		}()
 	}
-	// The leaders first: two identical queries that arrive at the same
-	// instant may both start a flight (coalesce.go, share), which is not
-	// what this test is about.
+	// The leaders first, at the upstream, then the followers: what is
+	// counted is then which flight each joined.
 	ask("udp")
 	ask("tcp")
 	waitFor(t, "the upstream to see one query per network", func() bool { udp, tcp := up.Received(); return udp == 1 && tcp == 1 })

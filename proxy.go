@@ -155,8 +155,10 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// or a hedge at another upstream included (pool/). Each attempt tells
 	// its own breaker how it went; whatever happens to the query (an
 	// answer, a timeout, a network error, shutdown), f.land runs exactly once.
-	if coalesce {
-		p.share(f)
+	if coalesce && p.joinOrShare(f) { // an identical query started a flight since step 2
+		p.leave()
+		x.Cancel()
+		return
 	}
 	f.query = p.appendUpstreamQuery(f.query[:0], q)
 	p.armStaleWait(f) // an expired entry's refresh: stale after DNS_CACHE_STALE_WAIT (stale.go)
