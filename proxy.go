@@ -30,11 +30,14 @@ type proxy struct {
 	upstreams   *pool.Pool // forward gate (a breaker per upstream) and exchange
 	metrics     *metrics.Metrics
 	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
-	upstreamRA  atomic.Uint32  // raUnseen, raWith or raWithout
-	qlog        *queryLog      // one line per query; nil: off
-	upstreamFor string         // the upstream named in the query log
-	cache       *answerCache   // the answer cache (cached.go, stale.go); nil: off
-	clock       guard.Clock    // what the entry gates and the cache were built on; nil: the real clock
+	// landing, if set (tests only), runs in land between a flight's two
+	// hand-overs: its answer into the cache and the flight out of the table.
+	landing     atomic.Pointer[func()]
+	upstreamRA  atomic.Uint32 // raUnseen, raWith or raWithout
+	qlog        *queryLog     // one line per query; nil: off
+	upstreamFor string        // the upstream named in the query log
+	cache       *answerCache  // the answer cache (cached.go, stale.go); nil: off
+	clock       guard.Clock   // what the entry gates and the cache were built on; nil: the real clock
 }
 
 // handleQuery runs one query through the entry gate and the forward gate to
@@ -174,9 +177,6 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	p := f.p
 	p.leave()
-	if f.shared {
-		p.unshare(f) // from here on no one joins: f's waiters are ours to read
-	}
 	ua, ok := upstreamAnswer{}, false
 	if err == nil && reply != nil {
 		ua, ok = readUpstreamAnswer(reply, f.lead.question()) // validReply let it through: ok
@@ -184,9 +184,17 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	if ok {
 		p.noteRA(ua.flags)
 	}
-	// The cache (stale.go): store the answer or note the failed refresh;
-	// leave the waiters if the stale-wait timer has answered them.
+	// The cache (stale.go): store the answer or note the failed refresh,
+	// before f leaves the table, so that a query that comes meanwhile finds
+	// one or the other: it joins f, or it is answered from the cache.
 	stale := p.settleCache(f, reply, usableAnswer(&ua, ok))
+	if h := p.landing.Load(); h != nil {
+		(*h)()
+	}
+	if f.shared {
+		p.unshare(f) // from here on no one joins: f's waiters are ours to read
+	}
+	// Leave the waiters if the stale-wait timer has answered them.
 	if !f.claimWaiters() {
 		return
 	}
