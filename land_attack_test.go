@@ -130,6 +130,21 @@ func kind(m *dns.Msg) string {
 	return "old"
 }
 
+// outcomesOnceCounted is outcomes, read once it reaches want or 5 s have
+// passed: the client-response timer counts each answer on its own
+// goroutine after writing it, so a client may have its answer a moment
+// before the counter moves.
+func outcomesOnceCounted(p *proxy, outcome string, want int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := outcomes(p, "A", outcome)
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // wantSettled fails unless nothing is left in flight or in the tables and
 // every client in ws had exactly one answer.
 func (r *lateRig) wantSettled(t *testing.T, ws ...*lateWriter) {
@@ -327,9 +342,13 @@ func TestQueryWhileAFlightLandsIsAnsweredFromTheCache(t *testing.T) {
 				t.Fatalf("the first query: %s, want %s", got, want)
 			}
 			for _, o := range []string{"forwarded", "cached", "stale", "upstream_error"} {
-				got := outcomes(r.p, "A", o)
+				want := tt.wantOut[o]
 				if tt.prime && o == "forwarded" {
-					got-- // the priming query
+					want++ // the priming query
+				}
+				got := outcomesOnceCounted(r.p, o, want)
+				if tt.prime && o == "forwarded" {
+					got--
 				}
 				if got != tt.wantOut[o] {
 					t.Fatalf("outcome %s counted %d times, want %d", o, got, tt.wantOut[o])
@@ -410,7 +429,7 @@ func TestTimerFiringInsideALandingAnswersEachClientOnce(t *testing.T) {
 			if got := r.coalesced(); got != tt.wantCoalesced {
 				t.Fatalf("coalesced %d, want %d", got, tt.wantCoalesced)
 			}
-			if got := outcomes(r.p, "A", "stale"); got != 2 {
+			if got := outcomesOnceCounted(r.p, "stale", 2); got != 2 {
 				t.Fatalf("stale counted %d times, want 2", got)
 			}
 			if got := outcomes(r.p, "A", "forwarded"); got != 1 { // the priming query
@@ -498,4 +517,54 @@ func TestCrowdWhileAFlightLandsFillsItThenSharesOneBeside(t *testing.T) {
 		t.Fatalf("the upstream got %d queries, want 3", got)
 	}
 	r.wantSettled(t, all...)
+}
+
+// A TCP query that comes while a UDP flight lands with a truncated answer
+// (which the cache does not take) must not get it: it joins nothing across
+// networks and asks the upstream over TCP itself, while a UDP query that
+// comes with it joins the landing and gets the TC answer it can retry.
+func TestTCPQueryWhileATruncatedUDPAnswerLandsAsksOverTCP(t *testing.T) {
+	r := newLateRig(t, lateRigConfig{cache: true})
+	first := r.send(t, "udp", "tc.example", 1)
+	within(t, "the first query's handler", first.returned)
+	var overTCP, overUDP *lateWriter
+	ran := r.duringLanding(t, func() {
+		overTCP = r.send(t, "tcp", "tc.example", 2)
+		overUDP = r.send(t, "udp", "tc.example", 3)
+		if !returnedNow(t, "the TCP query", overTCP) || !returnedNow(t, "the UDP query", overUDP) {
+			return
+		}
+		if got := r.coalesced(); got != 1 {
+			t.Errorf("coalesced %d inside the landing, want 1 (the UDP query)", got)
+		}
+		r.ups[0].mu.Lock()
+		nets := append([]string(nil), r.ups[0].nets...)
+		r.ups[0].mu.Unlock()
+		if len(nets) != 2 || nets[0] != "udp" || nets[1] != "tcp" {
+			t.Errorf("the upstream was asked over %v inside the landing, want [udp tcp]", nets)
+		}
+	})
+	r.ups[0].endWith(landed(func(m *dns.Msg) { m.Truncated, m.Answer = true, nil }), nil)
+	if !ran.Load() {
+		t.Fatal("the landing hook did not run")
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, w := range []*lateWriter{first, overUDP} {
+		if got := kind(w.answered(t, "a UDP client")); got != "tc" {
+			t.Fatalf("UDP client %d: %s, want tc", w.id, got)
+		}
+	}
+	if overTCP.writes() != 0 {
+		t.Fatal("the TCP query was answered before its own flight landed")
+	}
+	r.ups[0].endWith(landed(nil), nil) // the TCP flight
+	if got := kind(overTCP.answered(t, "the TCP client")); got != "landed" {
+		t.Fatalf("the TCP client: %s, want landed", got)
+	}
+	if got := outcomes(r.p, "A", "forwarded"); got != 3 {
+		t.Fatalf("forwarded %d, want 3", got)
+	}
+	r.wantSettled(t, first, overUDP, overTCP)
 }
