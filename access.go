@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
 )
@@ -276,32 +277,56 @@ func bits(n int) int {
 
 // initAccess builds the access list (nil: any), the bucket of REFUSED
 // answers to denied UDP queries, and the per-client gate (nil: off).
-func initAccess(cfg Config, clock guard.Clock) (*guard.AccessList, *guard.TokenBucket, *guard.ClientLimiter) {
+func initAccess(cfg Config, clock guard.Clock) (*guard.AccessList, *guard.TokenBucket, *clientGates) {
 	access := cfg.Allow.list()
 	var denied *guard.TokenBucket
 	if access != nil {
 		denied = guard.NewTokenBucket(deniedRate, deniedBurst, clock)
 	}
-	var clients *guard.ClientLimiter
-	if cfg.ClientRateLimit.On() {
-		clients = guard.NewClientLimiter(guard.ClientLimiterConfig{
-			Rate:      cfg.ClientRateLimit.Rate,
-			Burst:     cfg.ClientRateLimit.Burst,
-			V4Len:     bits(cfg.ClientPrefix.V4),
-			V6Len:     bits(cfg.ClientPrefix.V6),
-			TableSize: cfg.ClientTableSize,
-			Exempt:    cfg.ClientExempt,
-		}, clock)
+	if !cfg.ClientRateLimit.On() {
+		return access, denied, nil
 	}
-	return access, denied, clients
+	lc := guard.ClientLimiterConfig{
+		Rate:      cfg.ClientRateLimit.Rate,
+		Burst:     cfg.ClientRateLimit.Burst,
+		V4Len:     bits(cfg.ClientPrefix.V4),
+		V6Len:     bits(cfg.ClientPrefix.V6),
+		TableSize: cfg.ClientTableSize,
+		Exempt:    cfg.ClientExempt,
+	}
+	return access, denied, &clientGates{udp: guard.NewClientLimiter(lc, clock), tcp: guard.NewClientLimiter(lc, clock)}
 }
 
-// clientStats reads the per-client table for /metrics; zeros while it is off.
-func clientStats(clients *guard.ClientLimiter) func() metrics.ClientStats {
+// clientGates is the per-client gate: a table for each transport, with the
+// same rules. A client's UDP queries and its TCP queries each get its share.
+// Over UDP a flood can forge a victim's source and spend the victim's share,
+// or fill the table with forged prefixes; over TCP the handshake proves the
+// source, so neither reaches the TCP table, and a victim whose UDP share a
+// forger spent still gets through over TCP. And a client that moves its
+// excess to TCP (by itself, or following slip's TC answers) spends its own
+// TCP share there, not the bucket every client shares
+// (TestAttackFlooderOverTCPDrainsTheSharedBucket: with one table for UDP
+// alone, one client's TCP queries took every shared token).
+type clientGates struct {
+	udp, tcp *guard.ClientLimiter
+}
+
+// of returns the table of q's transport.
+func (g *clientGates) of(q *dnsserver.Query) *guard.ClientLimiter {
+	if q.Net == "tcp" {
+		return g.tcp
+	}
+	return g.udp
+}
+
+// clientStats reads the per-client tables for /metrics, both together;
+// zeros while the gate is off.
+func clientStats(g *clientGates) func() metrics.ClientStats {
 	return func() metrics.ClientStats {
-		if clients == nil {
+		if g == nil {
 			return metrics.ClientStats{}
 		}
-		return metrics.ClientStats{Entries: clients.Len(), Evictions: clients.Evictions(), Overflows: clients.Overflows()}
+		return metrics.ClientStats{Entries: g.udp.Len() + g.tcp.Len(), Evictions: g.udp.Evictions() + g.tcp.Evictions(),
+			Overflows: g.udp.Overflows() + g.tcp.Overflows()}
 	}
 }

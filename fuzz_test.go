@@ -107,9 +107,10 @@ func FuzzServePacket(f *testing.F) {
 		f.Fatal(err)
 	}
 	p := &proxy{
-		access:      guard.NewAccessList(netip.MustParsePrefix("127.0.0.0/25")),
-		denied:      guard.NewTokenBucket(deniedRate, deniedBurst, clock),
-		clients:     guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock),
+		access: guard.NewAccessList(netip.MustParsePrefix("127.0.0.0/25")),
+		denied: guard.NewTokenBucket(deniedRate, deniedBurst, clock),
+		clients: &clientGates{udp: guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock),
+			tcp: guard.NewClientLimiter(guard.ClientLimiterConfig{Rate: 1, Burst: 4, TableSize: 64}, clock)},
 		limiter:     guard.NewTokenBucket(1, 64, clock),
 		action:      LimitAction{Kind: ActionSlip, N: 2},
 		maxInflight: 1000,

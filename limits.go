@@ -70,19 +70,23 @@ func (a LimitAction) String() string {
 
 // limited answers q, refused by an entry gate whose error is e. Over TCP,
 // where the source is proven and a dropped query holds a connection for the
-// client's whole timeout, it is REFUSED. Over UDP, as the action says: slip
-// answers every Nth refused query (counted across clients, so a flood gets
-// at most 1/N of its refused queries answered) with an empty TC answer: the
-// query's question and an OPT if it had one, no larger than the query, which
-// a real client retries over TCP (where it gets REFUSED with the Extended DNS
-// Error) and which gives a spoofed flood nothing to amplify, even at slip:1.
-// (With the EDE in it, the TC answer was 16–23 bytes larger than a query
-// for ".": a flood reflected 1.57–1.82× at slip:1.) It returns the rcode
-// answered, or noAnswer.
+// client's whole timeout, it is REFUSED with e. Over UDP, as the action
+// says, and never larger than the query: no bucket bounds these answers,
+// so a flood forging a victim's source must get nothing to amplify. Refuse
+// answers every refused query REFUSED, without the Extended DNS Error (with
+// it, 16–23 bytes larger than a query for ".": a flood reflected 1.57–1.82×,
+// TestAttackRefuseActionAmplifiesASpoofedFlood). Slip answers every Nth
+// refused query (counted across clients, so a flood gets at most 1/N of its
+// refused queries answered) with an empty TC answer: the query's question
+// and an OPT if it had one, which a real client retries over TCP (where it
+// gets REFUSED with the EDE). It returns the rcode answered, or noAnswer.
 func (p *proxy) limited(w dnsserver.ResponseWriter, q *dnsserver.Query, e *ede) (rcode int) {
 	switch {
-	case q.Net == "tcp" || p.action.Kind == ActionRefuse:
+	case q.Net == "tcp":
 		p.own(w, q, dns.RcodeRefused, e)
+		return dns.RcodeRefused
+	case p.action.Kind == ActionRefuse:
+		p.own(w, q, dns.RcodeRefused, nil)
 		return dns.RcodeRefused
 	case p.action.Kind == ActionSlip && p.slips.Add(1)%uint64(max(p.action.N, 1)) == 0:
 		bp := getBuf()

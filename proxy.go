@@ -18,14 +18,14 @@ import (
 // proxy answers queries by forwarding them through the gates. Its zero
 // fields are off or take their defaults.
 type proxy struct {
-	access      *guard.AccessList    // who may ask; nil: anyone (DNS_ALLOW=any)
-	denied      *guard.TokenBucket   // REFUSED answers to denied UDP queries; nil: no bound
-	clients     *guard.ClientLimiter // entry gate per client prefix, UDP only; nil: off
-	limiter     *guard.TokenBucket   // entry gate; nil: off
-	action      LimitAction          // what a UDP query refused by an entry gate gets
-	slips       atomic.Uint64        // UDP queries refused under slip, to answer every Nth
-	maxInflight int64                // cap on queries at the upstreams; 0: none
-	maxUDPSize  int                  // largest UDP answer, and the size advertised upstream; 0: 1232
+	access      *guard.AccessList  // who may ask; nil: anyone (DNS_ALLOW=any)
+	denied      *guard.TokenBucket // REFUSED answers to denied UDP queries; nil: no bound
+	clients     *clientGates       // entry gate per client prefix, a table per transport; nil: off
+	limiter     *guard.TokenBucket // entry gate; nil: off
+	action      LimitAction        // what a UDP query refused by an entry gate gets
+	slips       atomic.Uint64      // UDP queries refused under slip, to answer every Nth
+	maxInflight int64              // cap on queries at the upstreams; 0: none
+	maxUDPSize  int                // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
 	upstreams   *pool.Pool // forward gate (a breaker per upstream) and exchange
 	metrics     *metrics.Metrics
@@ -67,13 +67,13 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 		return
 	}
 
-	// 1. Entry gates: the client's own bucket first (UDP, where addresses
-	// can be forged and floods are cheap), so a flooder's excess never
-	// drains the bucket everyone shares; then the shared one. Beyond either,
-	// a UDP query gets what DNS_LIMIT_ACTION says (limits.go); a TCP query,
-	// whose source the handshake proved, REFUSED. Every query pays,
-	// well-formed or not.
-	if p.clients != nil && q.Net != "tcp" && !p.clients.AllowAt(now, q.Client.Addr()) {
+	// 1. Entry gates: the client's own bucket first (one table for UDP,
+	// where addresses can be forged, one for TCP: access.go), so a
+	// flooder's excess never drains the bucket everyone shares; then the
+	// shared one. Beyond either, a UDP query gets what DNS_LIMIT_ACTION says
+	// (limits.go); a TCP query, whose source the handshake proved, REFUSED.
+	// Every query pays, well-formed or not.
+	if p.clients != nil && !p.clients.of(q).AllowAt(now, q.Client.Addr()) {
 		p.count(qtype, metrics.ClientLimited, start, q, p.limited(w, q, edeClientLimit))
 		return
 	}

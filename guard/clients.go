@@ -227,12 +227,35 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
 }
 
 // keyOf returns addr cut to its prefix; ok is false for the zero Addr.
+//
+// A link-local address names a host only together with its zone, the
+// interface it came in on: fe80::1 on one link and on another are two
+// hosts. So the zone is folded into bits 16–47 of such a key, which are 0
+// in every link-local address in use (fe80::/64), before it is cut: with a
+// prefix of /48 or longer each link has its own buckets; one of /16 or
+// shorter, as it asks, joins them. (Without this, one link-local host that
+// spent its bucket refused every link-local client of every other link:
+// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) The access list,
+// which matches configured prefixes, keeps the address as it is.
 func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 	k, is4, ok := addrKey(addr)
 	if is4 {
 		return k.masked(l.mask4), ok
 	}
+	if z := addr.Zone(); z != "" && addr.IsLinkLocalUnicast() {
+		k.hi ^= uint64(zoneHash(z)) << 16
+	}
 	return k.masked(l.mask6), ok
+}
+
+// zoneHash is a zone's name (the interface's index as the server gives
+// it, or its name) as 32 bits, FNV-1a. It does not allocate.
+func zoneHash(z string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(z); i++ {
+		h = (h ^ uint32(z[i])) * 16777619
+	}
+	return h
 }
 
 // shardOf returns the shard of a prefix and the prefix's fingerprint: its

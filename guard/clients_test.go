@@ -117,7 +117,11 @@ func TestClientLimiterPrefixes(t *testing.T) {
 		{"IPv4-mapped IPv6 counts as IPv4", 0, 0, "::ffff:127.0.0.1", "127.0.0.1", true},
 		{"IPv4-mapped takes the IPv4 length", 24, 128, "::ffff:127.0.0.1", "::ffff:127.0.0.9", true},
 		{"IPv6 beside the mapped range stays IPv6", 32, 95, "0.0.0.0", "::fffe:0:0", false},
-		{"the zone is not part of the client", 0, 0, "fe80::1%eth0", "fe80::1%eth1", true},
+		{"link-local: another link, another client", 0, 0, "fe80::1%eth0", "fe80::1%eth1", false},
+		{"link-local: another link, another client at /128", 0, 128, "fe80::1%2", "fe80::1%3", false},
+		{"link-local: one link, one network", 0, 0, "fe80::1%eth0", "fe80::2%eth0", true},
+		{"link-local: a prefix of /16 joins the links", 0, 16, "fe80::1%eth0", "fe80::2%eth1", true},
+		{"a global address: the zone is not part of the client", 0, 0, "2001:db8::1%eth0", "2001:db8::1%eth1", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
