@@ -140,6 +140,12 @@ func (p *proxy) answerCached(dst []byte, wt *waiter, h cache.Hit, o metrics.Outc
 		ua.optData = h.AppendStaleEDE(ede[:0])
 	}
 	ua.an, ua.ns, ua.ar = h.Counts()
+	if wire.HeaderLen+wt.qlen+len(ua.records) > wt.size {
+		// Records too large for the client's size (a UDP client of an answer
+		// a TCP query stored) are not copied only to be cut: the answer is TC
+		// at once. Over TCP they always fit, as the reply they came in did.
+		ua.flags |= wire.FlagTC
+	}
 	b := ua.appendFor(dst, wt, p.udpSize())
 	// A cached answer is never TC (the cache stores none), so TC here says
 	// appendFor cut the sections to fit; otherwise the records follow the
