@@ -79,19 +79,31 @@ func (p *proxy) fromCache(f *flight, keyed bool, now time.Time) bool {
 		p.answerAtOnce(f, h, metrics.Cached)
 		if h.Prefetch() {
 			f.lead.w = nil
-			f.cached.refresh = true
+			f.cached.refresh, f.cached.overTCP = true, p.tooLargeForUDP(f, h)
 			return false
 		}
 	case cache.Stale:
 		p.answerAtOnce(f, h, metrics.Stale)
 	case cache.Expired:
-		f.cached.fallback, f.cached.refresh = h, true
+		f.cached.fallback, f.cached.refresh, f.cached.overTCP = h, true, p.tooLargeForUDP(f, h)
 		return false
 	default:
 		return false
 	}
 	f.recycle()
 	return true
+}
+
+// tooLargeForUDP reports whether the upstream's answer to f's query, as h
+// holds it, would not fit the UDP size the proxy offers the upstream (the
+// proxy's OPT included): its refresh then asks over TCP. Over UDP the
+// upstream would answer TC, which is never stored: a prefetch set off by a
+// UDP client (the hit in an entry's last tenth nearly always comes over
+// UDP) spent its one try on it and the entry expired as if prefetch were
+// off, and an expired entry's refresh cost a wasted round trip
+// (TestPrefetchOfALargeAnswerSetOffOverUDPRefreshesIt).
+func (p *proxy) tooLargeForUDP(f *flight, h cache.Hit) bool {
+	return wire.HeaderLen+f.lead.qlen+h.Len()+wire.OPTLen > p.udpSize()
 }
 
 // answerAtOnce answers f's leader from h, counted as outcome o, in f's own

@@ -153,3 +153,35 @@ func TestPrefetchOfALargeAnswerSetOffOverUDPRefreshesIt(t *testing.T) {
 		t.Errorf("at 65 s the TCP client's query went upstream (%d queries): the prefetched entry should answer it", got)
 	}
 }
+
+// The same for an expired entry's refresh: a UDP client's query for an
+// answer too large for UDP refreshes the entry over TCP, so the answer is
+// stored again (the client itself gets TC, as it would from the upstream)
+// and its retry over TCP is answered from the cache. Over UDP the refresh
+// came back TC, was not stored, and the retry went upstream again.
+func TestRefreshOfALargeAnswerSetOffOverUDPStoresIt(t *testing.T) {
+	a, up, clock := startCaching(t, nil)
+	big := func() *dns.Msg {
+		q := query("big.example.com", dns.TypeTXT)
+		q.SetEdns0(1232, false)
+		return q
+	}
+	if r := ask(t, "tcp", a.addr(), big()); r.Truncated || len(r.Answer) != 20 {
+		t.Fatalf("priming over TCP: TC %v, %d records", r.Truncated, len(r.Answer))
+	}
+	clock.Advance(61 * time.Second) // TTL 60: expired
+	if r := ask(t, "udp", a.addr(), big()); !r.Truncated || len(r.Answer) != 0 {
+		t.Fatalf("over UDP at 61 s: TC %v, %d records; want TC", r.Truncated, len(r.Answer))
+	}
+	if got := metric(t, a, `dnsproxi_cache_refreshes_total{result="updated"}`); got != 1 {
+		t.Errorf("refresh: updated %v, not_stored %v; want the entry updated", got,
+			metric(t, a, `dnsproxi_cache_refreshes_total{result="not_stored"}`))
+	}
+	sent := up.Total()
+	if r := ask(t, "tcp", a.addr(), big()); r.Truncated || len(r.Answer) != 20 {
+		t.Fatalf("the retry over TCP: TC %v, %d records", r.Truncated, len(r.Answer))
+	}
+	if got := up.Total() - sent; got != 0 {
+		t.Errorf("the retry over TCP went upstream (%d queries): the refreshed entry should answer it", got)
+	}
+}

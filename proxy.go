@@ -168,7 +168,11 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// The pool is on the real clock, as start is: the query's deadline counts
 	// from the moment it was read, and the pool and the upstream read the
 	// clock no more for it.
-	x.ForwardAt(start, f.query, q.Net, f.done)
+	net := q.Net
+	if f.cached.overTCP {
+		net = "tcp" // a refresh of an answer too large for UDP (cached.go)
+	}
+	x.ForwardAt(start, f.query, net, f.done)
 }
 
 // land is a flight's completion, known at now: it answers every waiter,

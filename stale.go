@@ -39,6 +39,7 @@ type flightCache struct {
 	fallback cache.Hit  // the expired entry, to answer stale from; zero (not Stale): none
 	refresh  bool       // f refreshes a cached entry: expired, or prefetched
 	wait     *staleWait // the client-response timer, once armed
+	overTCP  bool       // the refresh asks over TCP: the entry's answer is too large for UDP
 }
 
 // refusedFromCache answers f, refused at the in-flight cap or the breaker,

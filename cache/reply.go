@@ -17,9 +17,10 @@ package cache
 //   - The entry's TTL is the smallest TTL among the answer and authority
 //     records, an SOA there counting as min(its TTL, its MINIMUM) (RFC 2308
 //     §5), clamped to [MinTTL, MaxTTL], or to [MinTTL, MaxNegativeTTL] for
-//     a negative answer (NXDOMAIN, or NOERROR with no answer). A smallest
-//     TTL of 0 (or with its top bit set, RFC 2181 §8) is never stored, MinTTL
-//     or not: the authority asked for no caching. The OPT record's TTL field
+//     a negative answer (NXDOMAIN, or NOERROR with no answer). A TTL with its
+//     top bit set is read as 2^31−1 (RFC 8767 §4), which the clamp caps. A
+//     smallest TTL of 0 is never stored, MinTTL or not: the authority asked
+//     for no caching. The OPT record's TTL field
 //     holds the extended RCODE and flags: it is never read as a TTL.
 //   - Each kept record's TTL is rewritten once, at Store, to what the
 //     answer says at age 0: its own TTL clamped like the entry's (so it
@@ -58,8 +59,8 @@ const (
 // maxMessage is the length of the longest DNS message.
 const maxMessage = 65535
 
-// maxTTL is the largest TTL a record may hold (RFC 2181 §8): one with the
-// top bit set means 0.
+// maxTTL is the largest TTL a record may hold (RFC 2181 §8); a larger one
+// is read as maxTTL (RFC 8767 §4).
 const maxTTL = 1<<31 - 1
 
 // reply is a reply read for storing: where its kept records lie and what
@@ -147,13 +148,12 @@ func leastTTL(msg []byte, off, an, ns int) (least uint32, soa, ok bool) {
 	return least, soa, true
 }
 
-// readTTL reads a TTL; one with the top bit set is 0 (RFC 2181 §8).
+// readTTL reads a TTL; one with the top bit set is maxTTL, which the clamps
+// then cap. RFC 8767 §4 reads such a value as the large positive number it
+// is, to be capped, where RFC 2181 §8, which it updates, read it as 0: then
+// such an answer was never stored (TestTTLWithTheTopBitSetIsCappedNotZero).
 func readTTL(b []byte) uint32 {
-	ttl := binary.BigEndian.Uint32(b)
-	if ttl > maxTTL {
-		return 0
-	}
-	return ttl
+	return min(binary.BigEndian.Uint32(b), maxTTL)
 }
 
 // skipName returns where the name at off ends, in a message whose records

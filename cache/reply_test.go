@@ -48,7 +48,7 @@ func TestStoreDecides(t *testing.T) {
 			return m
 		}, nil, ErrRcode, 0, false},
 		{"TTL 0", dns.RcodeSuccess, []string{"www.example.com. 0 IN A 192.0.2.1"}, nil, ok, nil, ErrZeroTTL, 0, false},
-		{"TTL with its top bit set", dns.RcodeSuccess, a, nil, ok, func(b []byte) []byte { return setTTL(t, b, 1<<31) }, ErrZeroTTL, 0, false},
+		{"TTL with its top bit set: large, capped at MaxTTL (RFC 8767 §4)", dns.RcodeSuccess, a, nil, ok, func(b []byte) []byte { return setTTL(t, b, 1<<31) }, nil, 86400, false},
 		{"SOA MINIMUM 0", dns.RcodeNameError, nil,
 			[]string{"example.com. 60 IN SOA ns.example.com. host.example.com. 1 7200 900 1209600 0"}, ok, nil, ErrZeroTTL, 0, false},
 		{"OPT TTL field is not a TTL", dns.RcodeSuccess, a, nil, func(m *dns.Msg) *dns.Msg {

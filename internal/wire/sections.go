@@ -164,6 +164,10 @@ func AppendOptions(dst, data []byte, code uint16, minData int) []byte {
 	return dst
 }
 
+// OPTLen is the length of an OPT record with no options: the root name,
+// type, class (the UDP size), TTL (extended RCODE and flags) and RDLENGTH.
+const OPTLen = 11
+
 // AppendOPT appends an OPT record of EDNS version 0 to dst: size as the UDP
 // payload size, extRcode as the upper 8 bits of the RCODE, the DO bit, and
 // options (already encoded, code and length first) as its data.
