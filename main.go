@@ -144,6 +144,7 @@ type app struct {
 	metrics     *metrics.Metrics
 	proxy       *proxy
 	upstreams   *pool.Pool
+	events      *asyncLog // the upstreams' log lines, written off their goroutines
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
@@ -165,13 +166,18 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	// The server's readers hold the upstreams' UDP writers while they serve
 	// a batch of queries: the queries forwarded leave together.
 	replies, queries := new(batchio.Group), new(batchio.Group)
-	ups, err := newUpstreams(cfg, clock, m, log, replies, queries)
+	// The upstreams log from their readers and sweepers, which must never
+	// wait for stderr (asynclog.go).
+	events, eventLog := newAsyncLog(log)
+	ups, err := newUpstreams(cfg, clock, m, eventLog, replies, queries)
 	if err != nil {
+		events.Close()
 		return nil, err
 	}
 	qlog, err := openQueryLog(cfg.QueryLog, cfg.QueryLogSample, os.Stderr, log)
 	if err != nil {
 		ups.Close()
+		events.Close()
 		return nil, err
 	}
 	if qlog != nil {
@@ -182,6 +188,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	answers, err := newAnswerCache(cfg, clock, m)
 	if err != nil {
 		ups.Close()
+		events.Close()
 		return nil, err
 	}
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: initLimiter(cfg, clock),
@@ -190,7 +197,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if _, real := clock.(guard.RealClock); !real {
 		p.clock = clock
 	}
-	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups}
+	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups, events: events}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
 		Handler:        dnsserver.HandlerFunc(p.handleQuery),
@@ -299,6 +306,7 @@ func (a *app) shutdown(ctx context.Context) error {
 // is given up after that, its lines lost, so the process still stops.
 func (a *app) closeOutputs() {
 	a.upstreams.Close()
+	a.events.Close()
 	if a.proxy.qlog != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), queryLogStopWait)
 		defer cancel()
