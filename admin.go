@@ -14,7 +14,10 @@ const flushPath = "/cache/flush"
 // many answers it held. Only a loopback peer may flush, whatever address
 // DNS_METRICS_ADDR listens on, since a flush sends every name back to the
 // upstream; anything but POST is refused, so a crawler or a browser's
-// prefetch cannot flush by reading the page.
+// prefetch cannot flush by reading the page; and a request a browser sent
+// (marked by Origin or Sec-Fetch-Site) is refused, so a web page open on
+// the machine cannot flush with a form POST to 127.0.0.1, nor a page whose
+// name was rebound to it (TestCacheFlushRefusesABrowsersRequest).
 func (a *app) flushHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -24,6 +27,10 @@ func (a *app) flushHandler() http.Handler {
 		}
 		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || !ap.Addr().Unmap().IsLoopback() {
 			http.Error(w, "the cache is flushed from loopback only", http.StatusForbidden)
+			return
+		}
+		if r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") != "" {
+			http.Error(w, "the cache is flushed by a command (curl -X POST), not from a web page", http.StatusForbidden)
 			return
 		}
 		store := a.proxy.cache.store

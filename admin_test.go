@@ -108,3 +108,32 @@ func TestCacheMetricsLint(t *testing.T) {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+// A web page open in a browser on the proxy's own machine can send a form
+// POST to 127.0.0.1 (a "simple" request: no preflight), and a page whose
+// name was rebound to 127.0.0.1 can even send it same-origin. Browsers mark
+// both (Origin, Sec-Fetch-Site); curl and scripts send neither. A flush
+// carrying either is refused, and the cache keeps its answers.
+func TestCacheFlushRefusesABrowsersRequest(t *testing.T) {
+	a, _, _ := startCaching(t, nil)
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	for _, h := range []struct{ name, value string }{
+		{"Origin", "http://attacker.example"},
+		{"Origin", "http://rebound.example:9398"},
+		{"Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "same-origin"},
+	} {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, flushPath, strings.NewReader("x=1"))
+		r.RemoteAddr = "127.0.0.1:40000"
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set(h.name, h.value)
+		a.flushHandler().ServeHTTP(w, r)
+		if w.Code != http.StatusForbidden {
+			t.Errorf("POST from loopback with %s: %s: %d, want 403", h.name, h.value, w.Code)
+		}
+	}
+	if n := metric(t, a, "dnsproxi_cache_entries"); n != 1 {
+		t.Fatalf("cache_entries %v after the browser's flushes, want 1", n)
+	}
+}
