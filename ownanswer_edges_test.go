@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/miekg/dns"
 
 	"dnsproxi/dnsserver"
+	"dnsproxi/guard"
 	"dnsproxi/internal/wire"
 )
 
@@ -150,5 +152,26 @@ func TestUnansweredBoundRefusalIsTheProxysOwn(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no EDE naming the limit:\n%v", r)
+	}
+}
+
+// A client outside DNS_ALLOW that meets the bound on unanswered queries is
+// told what it would be told any other time, EDE 18 "Prohibited", not that
+// the proxy is busy: a refusal must not tell an outsider how loaded the
+// proxy is, nor suggest that it would be answered later.
+func TestUnansweredBoundRefusalOfAnOutsiderIsProhibited(t *testing.T) {
+	p, _ := unitProxy(nil, &scripted{reply: zone(nil)})
+	p.access = guard.NewAccessList(netip.MustParsePrefix("10.0.0.0/8"))
+	srv := &dnsserver.Server{Handler: dnsserver.HandlerFunc(p.refuseUnanswered)}
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeA)
+	m.SetEdns0(1232, false)
+	r, _ := serveMsg(t, srv, m)
+	if r == nil || r.Rcode != dns.RcodeRefused {
+		t.Fatalf("answer %v, want REFUSED", r)
+	}
+	e, has := edeOf(r)
+	if !has || e.InfoCode != dns.ExtendedErrorCodeProhibited {
+		t.Fatalf("EDE %v, want 18 (Prohibited): the client is outside the access list", e)
 	}
 }

@@ -311,7 +311,11 @@ func (p *proxy) own(w dnsserver.ResponseWriter, q *dnsserver.Query, rcode int, e
 // the proxy's own answers are built (its OPT, EDE and RA). The server
 // counts it (dropped "overloaded").
 func (p *proxy) refuseUnanswered(w dnsserver.ResponseWriter, q *dnsserver.Query) {
-	p.own(w, q, dns.RcodeRefused, edeOverloaded)
+	e := edeOverloaded
+	if p.access != nil && !p.access.Contains(q.Client.Addr()) {
+		e = edeDenied // an outsider learns nothing of the load (TestUnansweredBoundRefusalOfAnOutsiderIsProhibited)
+	}
+	p.own(w, q, dns.RcodeRefused, e)
 }
 
 // count counts q, answered by the proxy itself with rcode (noAnswer:
