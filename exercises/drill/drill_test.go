@@ -42,7 +42,7 @@ func TestDrills(t *testing.T) {
 		"fairness": func(t *testing.T, n map[string]int) {
 			if n["global_polite_pct"] >= 50 || n["fair_polite_pct"] < 99 || n["slip_polite_pct"] < 99 ||
 				n["fair_flood_ok"] > n["quota"]+1 || n["slip_tc"] == 0 || n["slip_tc"] > n["slip_refused"]/2+1 ||
-				n["slip_tcp_ok"] < n["slip_tcp_retries"]*99/100 {
+				n["slip_tcp_ok"] > n["quota"]+1 || n["slip_tcp_ok"] < n["tcp_floor"] {
 				t.Errorf("fairness numbers %v", n)
 			}
 		},
