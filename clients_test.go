@@ -60,8 +60,8 @@ func byRcode(rs []*dns.Msg) (ok, refused, tc int) {
 // One client flooding over UDP spends its own bucket, not the one everyone
 // shares: with a per-client burst of 3 and a global one of 5, and no time
 // passing, the flooder gets 3 answers of 20 and a second client is still
-// answered. Its TCP queries do not pay the per-client bucket; a second of
-// refill gives it one more token.
+// answered. Its TCP queries pay a bucket of their own, in the TCP table
+// (access.go), still full; a second of refill gives it one more token.
 func TestClientLimitBeforeGlobal(t *testing.T) {
 	clock := guard.NewManualClock(time.Now())
 	a, _ := startProxyEnv(t, map[string]string{"DNS_RATE_LIMIT": "1,5", "DNS_CLIENT_RATE_LIMIT": "1,3"}, clock)
@@ -77,7 +77,7 @@ func TestClientLimitBeforeGlobal(t *testing.T) {
 		t.Fatalf("a second client got %v after the flood, want an answer: the flood drained the shared bucket", r)
 	}
 	if r := askFrom(t, "tcp", "127.0.0.2", a.addr(), query("tcp.example.com", dns.TypeA), 2*time.Second); r == nil || r.Rcode != dns.RcodeSuccess {
-		t.Fatalf("the flooder over TCP got %v, want an answer: TCP does not pay the per-client bucket", r)
+		t.Fatalf("the flooder over TCP got %v, want an answer: its TCP share is its own", r)
 	}
 	if r := askFrom(t, "udp", "127.0.0.2", a.addr(), query("late.example.com", dns.TypeA), 300*time.Millisecond); r != nil {
 		t.Fatalf("the flooder's UDP bucket is empty, yet it got %s", rcodeName(r))
