@@ -1,0 +1,92 @@
+package upstream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The first TCP connection to the upstream goes bad without closing — it
+// takes queries and answers none (a half-open connection, an upstream
+// stuck on one connection), or it sends half of a reply and stops — while
+// every later connection answers at once. Queries go one after the other,
+// each waiting out its 300 ms deadline; the connection's idle timeout is
+// the default 10 s. A connection that has let a query's whole deadline
+// pass without delivering a single reply is not to be trusted with the
+// next one: from the third query on, each must be answered (by a new
+// connection), not sent down the silent one until it idles out 10 s later.
+func TestStalledUpstreamTCPConnectionDoesNotTakeEveryQuery(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bad  func(c *net.TCPConn, stop <-chan struct{})
+	}{
+		{"silent", func(c *net.TCPConn, stop <-chan struct{}) {
+			go func() { <-stop; c.Close() }()
+			for {
+				if _, err := readFrame(c, 10*time.Second); err != nil {
+					return
+				}
+			}
+		}},
+		{"half a reply", func(c *net.TCPConn, stop <-chan struct{}) {
+			go func() { <-stop; c.Close() }()
+			req, err := readFrame(c, 10*time.Second)
+			if err != nil {
+				return
+			}
+			a := packedAnswer(t, req)
+			f := binary.BigEndian.AppendUint16(nil, uint16(len(a)))
+			c.Write(append(f, a[:len(a)/2]...))
+			for {
+				if _, err := readFrame(c, 10*time.Second); err != nil {
+					return
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var accepted atomic.Int32
+			stop := make(chan struct{})
+			h := newHostilePair(t, func([]byte) [][]byte { return nil }, func(c *net.TCPConn) {
+				if accepted.Add(1) == 1 {
+					tc.bad(c, stop)
+					return
+				}
+				for {
+					req, err := readFrame(c, 10*time.Second)
+					if err != nil {
+						return
+					}
+					a := packedAnswer(t, req)
+					c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(a))), a...))
+				}
+			})
+			t.Cleanup(func() { close(stop) }) // runs before the pair's clean-up
+			u := newUpstream(t, Config{Addr: h.addr(), Timeout: 300 * time.Millisecond, TCPIdle: DefaultTCPIdle})
+			const n = 8
+			var failed []int
+			for i := range n {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := u.Exchange(ctx, q(fmt.Sprintf("s%d.example.", i)), "tcp")
+				cancel()
+				if err != nil {
+					if i >= 2 {
+						failed = append(failed, i)
+					}
+					if !errors.Is(err, ErrTimeout) && !errors.Is(err, errConnLost) {
+						t.Logf("query %d: %v", i, err)
+					}
+				}
+			}
+			if len(failed) > 0 {
+				t.Errorf("queries %v (of 2..%d) failed: every one went down the stalled connection although %d connection(s) were opened; the upstream answers on a new one at once",
+					failed, n-1, accepted.Load())
+			}
+		})
+	}
+}
