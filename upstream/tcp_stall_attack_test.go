@@ -90,3 +90,45 @@ func TestStalledUpstreamTCPConnectionDoesNotTakeEveryQuery(t *testing.T) {
 		})
 	}
 }
+
+// An upstream that answers one query a connection and then closes it (RFC
+// 7766 lets a server close a connection at any time; a client is to send
+// what was left unanswered again). Ten queries go at once: each connection
+// answers one of them, so each query sent again must be answered by a
+// later connection, well within the 1 s deadline. Sending a query again
+// only once means that of ten, two are answered and eight fail.
+func TestUpstreamClosingAfterEachAnswerAnswersEveryQuery(t *testing.T) {
+	var accepted atomic.Int32
+	h := newHostilePair(t, func([]byte) [][]byte { return nil }, func(c *net.TCPConn) {
+		accepted.Add(1)
+		req, err := readFrame(c, 5*time.Second)
+		if err != nil {
+			return
+		}
+		a := packedAnswer(t, req)
+		c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(a))), a...))
+		c.Close()
+	})
+	u := newUpstream(t, Config{Addr: h.addr(), Timeout: time.Second})
+	const n = 10
+	errs := make(chan error, n)
+	for i := range n {
+		b, _ := q(fmt.Sprintf("c%d.example.", i)).Pack()
+		u.Forward(b, "tcp", func(_, _ []byte, err error) { errs <- err })
+	}
+	failed := 0
+	for range n {
+		select {
+		case err := <-errs:
+			if err != nil {
+				failed++
+				t.Logf("%v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a query was not reported within 5s")
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d queries failed against an upstream that answers every query it reads (%d connections)", failed, n, accepted.Load())
+	}
+}
