@@ -14,7 +14,7 @@ import (
 // tcpSlots is how many TCP connections to the upstream the proxy keeps.
 const tcpSlots = 4
 
-// errConnLost ends a query whose connection failed after a retry.
+// errConnLost ends a query whose connection failed when it could not be sent again.
 var errConnLost = errors.New("upstream: TCP connection lost")
 
 // tcpConns keeps a few long-lived TCP connections to the upstream and
@@ -25,6 +25,18 @@ var errConnLost = errors.New("upstream: TCP connection lost")
 // case. Nothing here blocks the
 // caller: a connection that must be dialled first is dialled on a goroutine
 // of its own, and writes go out from each connection's writer.
+//
+// A connection can go bad without closing: the upstream reads and answers
+// nothing, or stops half-way through a reply. New queries go to the least
+// busy connection, and one whose queries all expire looks empty, so it would
+// take every query until it idled out. The sweeper watches for that: a
+// connection on which a query reaches its deadline, that query having been
+// sent after the connection last delivered a reply (or opened), had the
+// query's whole time to deliver something and delivered nothing. It is
+// failed (tcpConn.fail): it takes no more queries, and the ones it carries
+// go out on another. Only a reply to a query waiting on it counts as life:
+// frames too short, for no waiting query, or duplicates renew neither this
+// nor the idle deadline, so a stream of them cannot keep a connection on.
 type tcpConns struct {
 	u    *Upstream
 	addr string
@@ -76,7 +88,7 @@ func (p *tcpConns) send(c *call) {
 // dial fills slot i with a connection that takes queries at once and sends
 // them once it is connected. It requires that p.mu is held.
 func (p *tcpConns) dial(i int) *tcpConn {
-	tc := &tcpConn{p: p, pending: make(pending), wake: make(chan struct{}, 1)}
+	tc := &tcpConn{p: p, pending: make(pending), wake: make(chan struct{}, 1), quietSince: time.Now()}
 	p.slots[i] = tc
 	p.wg.Add(1)
 	go func() {
@@ -103,14 +115,19 @@ func (p *tcpConns) dial(i int) *tcpConn {
 	return tc
 }
 
-// takeExpired removes the queries whose deadline is before now.
+// takeExpired removes the queries whose deadline is before now, and fails
+// each connection found stalled by one of them.
 func (p *tcpConns) takeExpired(now time.Time, out []*call) []*call {
 	p.mu.Lock()
 	slots := p.slots
 	p.mu.Unlock()
 	for _, tc := range slots {
-		if tc != nil {
-			out = tc.takeExpired(now, out)
+		if tc == nil {
+			continue
+		}
+		var stalled bool
+		if out, stalled = tc.takeExpired(now, out); stalled {
+			tc.fail(ErrTimeout)
 		}
 	}
 	return out
@@ -136,11 +153,13 @@ type tcpConn struct {
 	conn net.Conn
 	wake chan struct{} // the writer has frames to send
 
-	mu      sync.Mutex
-	pending pending
-	rng     entropy // IDs
-	out     []byte  // length-prefixed frames waiting for the writer
-	dead    bool
+	mu         sync.Mutex
+	pending    pending
+	rng        entropy   // IDs
+	out        []byte    // length-prefixed frames waiting for the writer
+	quietSince time.Time // when it last delivered a reply to a waiting query, or opened
+	answered   bool      // it has delivered a reply to a waiting query
+	dead       bool
 }
 
 func (tc *tcpConn) alive() bool {
@@ -204,13 +223,15 @@ func (tc *tcpConn) write() {
 	}
 }
 
-// read hands each reply to its query until the connection fails or idles out.
+// read hands each reply to its query until the connection fails, or
+// delivers no reply for the idle time.
 func (tc *tcpConn) read() {
 	defer tc.p.wg.Done()
 	buf := make([]byte, 65535)
 	var lenBuf [2]byte
+	lastReply := time.Now()
 	for {
-		tc.conn.SetReadDeadline(time.Now().Add(tc.p.idle))
+		tc.conn.SetReadDeadline(lastReply.Add(tc.p.idle))
 		if _, err := io.ReadFull(tc.conn, lenBuf[:]); err != nil {
 			tc.fail(err)
 			return
@@ -226,6 +247,9 @@ func (tc *tcpConn) read() {
 		now := time.Now() // one reading per reply: a frame is read whole, one at a time
 		tc.mu.Lock()
 		c, v := tc.pending.take(reply, now)
+		if c != nil { // late or not, the connection is delivering
+			tc.quietSince, tc.answered, lastReply = now, true, now
+		}
 		tc.mu.Unlock()
 		switch {
 		case c == nil: // a stray duplicate, a wrong ID or garbage: skipped, as over UDP
@@ -238,10 +262,18 @@ func (tc *tcpConn) read() {
 	}
 }
 
-// fail closes the connection. Its queries go once more on another
-// connection if they have not been retried yet and time remains (the
-// upstream may have closed an idle connection as they were sent); the
-// others end with err.
+// fail closes the connection and takes its queries out. While a query has
+// time left, it goes out again on another connection: each time, if this
+// connection delivered a reply (RFC 7766 lets an upstream close a
+// connection at any time, and one may answer a single query per
+// connection); once, if it delivered none (it may have closed an idle
+// connection as the query went out), so that an upstream that accepts and
+// closes is not dialled again and again. A failed connection sends its
+// queries again at most once, and only one that delivered a reply can send
+// a query a second time: the connections opened again are bounded by the
+// replies the upstream gave and the queries (tcpSlots for each at most),
+// not by the time left. The other queries end with err if it is ErrClosed,
+// else with errConnLost.
 func (tc *tcpConn) fail(err error) {
 	tc.mu.Lock()
 	if tc.dead {
@@ -250,7 +282,7 @@ func (tc *tcpConn) fail(err error) {
 	}
 	tc.dead = true
 	left := tc.pending.takeAll(nil)
-	conn := tc.conn
+	conn, answered := tc.conn, tc.answered
 	tc.mu.Unlock()
 	if conn != nil {
 		conn.Close()
@@ -258,8 +290,8 @@ func (tc *tcpConn) fail(err error) {
 	tc.signal() // lets the writer see it is dead
 	now := time.Now()
 	for _, c := range left {
-		if !c.retried && now.Before(c.deadline) && !errors.Is(err, ErrClosed) {
-			c.retried = true
+		if (answered || !c.retried) && now.Before(c.deadline) && !errors.Is(err, ErrClosed) {
+			c.retried = c.retried || !answered
 			tc.p.send(c)
 			continue
 		}
@@ -271,10 +303,23 @@ func (tc *tcpConn) fail(err error) {
 	}
 }
 
-func (tc *tcpConn) takeExpired(now time.Time, out []*call) []*call {
+// takeExpired removes the queries whose deadline is before now and appends
+// them to out. stalled reports that one of them was sent after the
+// connection last delivered a reply, or opened. A query sent before that
+// does not judge it: the connection delivered while it waited, or the query
+// spent part of its time elsewhere (on a connection that failed, or before
+// this one opened).
+func (tc *tcpConn) takeExpired(now time.Time, out []*call) (_ []*call, stalled bool) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
-	return tc.pending.takeExpired(now, out)
+	n := len(out)
+	out = tc.pending.takeExpired(now, out)
+	for _, c := range out[n:] {
+		if c.sent.After(tc.quietSince) {
+			return out, true
+		}
+	}
+	return out, false
 }
 
 // timeoutOr names a deadline error for what it is.

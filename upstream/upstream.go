@@ -16,7 +16,8 @@
 // reply with TC set is handed back as it is (the proxy relays it and its
 // client comes back over TCP); only a datagram too large to read whole is
 // fetched again over TCP. Over TCP, a few long-lived connections carry many
-// queries each, pipelined, and close when idle.
+// queries each, pipelined, and close when idle, or when one lets a query's
+// whole time pass without delivering any reply (tcpConns).
 //
 // Forward never blocks. It reports the outcome of every query exactly once,
 // to the Result it was given: the reply, or why there is none (a deadline
@@ -94,7 +95,7 @@ type Config struct {
 	// off for it for the rest of the process (Stats().PlainCase).
 	OnCaseFallback func()
 
-	TCPIdle time.Duration // a TCP connection with nothing to read for this long is closed (default 10s)
+	TCPIdle time.Duration // a TCP connection that delivers no reply for this long is closed (default 10s)
 
 	// Replies, if set, is held while a UDP socket's reader hands a batch of
 	// replies to their queries: the writers the answers to those queries
@@ -382,7 +383,7 @@ type call struct {
 	lastSent time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
 	doneAt   ResultAt // instead of done, for ForwardAt
-	retried  bool     // sent again after its TCP connection failed
+	retried  bool     // sent again after a TCP connection that delivered no reply failed
 	mixed    bool     // the name went out in a random case (0x20): a reply must echo it
 	suspect  bool     // a reply in another case came for this send
 	probe    bool     // asked by the upstream itself, to learn whether it echoes case
