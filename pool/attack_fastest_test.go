@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,11 +16,20 @@ import (
 // query but the explorers. Beside it a healthy upstream answering in 5 ms
 // gets the explorers and the retries the budget allows; the clients get
 // the failure. Breakers off (the default, DNS_BREAKER_THRESHOLD=0);
-// DNS_RETRY_BUDGET=10.
+// DNS_RETRY_BUDGET=10. With breakers on, the one failing with SERVFAIL
+// keeps its place: a SERVFAIL is an answer, and its breaker stays closed.
 func TestAttackFastestDoesNotPreferAnUpstreamThatFailsFast(t *testing.T) {
-	for _, first := range []outcome{netErr, servfail} {
-		t.Run(first.String(), func(t *testing.T) {
-			r := newRig(t, rigConfig{n: 2, policy: Fastest, budget: &guard.RetryBudgetConfig{Ratio: 0.1}})
+	for _, tt := range []struct {
+		first    outcome
+		breakers bool
+	}{
+		{netErr, false},
+		{servfail, false},
+		{servfail, true}, // SERVFAIL is an answer: the breaker never opens
+	} {
+		first := tt.first
+		t.Run(fmt.Sprintf("%v,breakers=%v", first, tt.breakers), func(t *testing.T) {
+			r := newRig(t, rigConfig{n: 2, policy: Fastest, breakers: tt.breakers, budget: &guard.RetryBudgetConfig{Ratio: 0.1}})
 			r.ups[0].decide = func([]byte) outcome { return first } // at once
 			r.ups[1].decide = func([]byte) outcome { r.clock.Advance(5 * time.Millisecond); return good }
 			const queries = 400
