@@ -58,6 +58,12 @@ type Exchange struct {
 	kept     []byte // a SERVFAIL or REFUSED answer, copied, in case nothing better comes
 	hasKept  bool
 	keptErr  error // the last error, for when no answer comes at all
+	// The first attempt's word on the name, for an extra attempt's plain
+	// timeout (settle): whether it has landed, and whether it vouches that
+	// the name, not the upstreams, may be slow; held is the extra
+	// attempt's permit while it waits for that word (holding).
+	firstLanded, firstVouches, holding bool
+	held                               guard.Permit
 
 	att [maxAttempts]attempt
 }
@@ -87,6 +93,7 @@ func (x *Exchange) begin(i int, permit guard.Permit, start int) {
 	x.start = start
 	x.tried, x.attempts, x.out = 1<<i, 1, 1
 	x.finished, x.reported, x.hasKept, x.keptErr = false, false, false, nil
+	x.firstLanded, x.firstVouches, x.holding = false, false, false
 }
 
 // Forward sends query (one question) over network ("udp" or "tcp") to the
@@ -137,8 +144,9 @@ func (x *Exchange) send(a *attempt) {
 }
 
 // land is attempt i's report, known at now. It tells the attempt's
-// breaker, then decides what the query does next: report, wait for the
-// other attempt, or retry.
+// breaker (an extra attempt's plain timeout waits for settle), then decides
+// what the query does next: report, wait for the other attempt, or retry.
+// Every breaker hears before the caller does.
 func (x *Exchange) land(i int, now time.Time, reply []byte, err error) {
 	p := x.p
 	a := &x.att[i]
@@ -146,17 +154,23 @@ func (x *Exchange) land(i int, now time.Time, reply []byte, err error) {
 	if v == upstream.Answer && p.valid != nil && !p.valid(x.query, reply) {
 		v, reply, err = upstream.Failure, nil, errInvalidReply
 	}
-	mark(a.permit, v)
+	plainTimeout := i > 0 && v == upstream.Failure && errors.Is(err, upstream.ErrTimeout)
+	if !plainTimeout {
+		mark(a.permit, v)
+	}
+	permit := a.permit
 	a.permit = guard.Permit{}
-	p.observe(a.member, v, err, now.Sub(a.sent))
 	good, reason, worthRetry := judgeForQuery(v, reply)
+	p.observe(a.member, v, good, err, now.Sub(a.sent))
 
 	x.mu.Lock()
 	x.out--
+	s := x.settle(i, v, err, plainTimeout, permit)
 	switch {
 	case x.finished: // the query was answered by the other attempt
 		free := x.reported && x.out == 0
 		x.mu.Unlock()
+		s.mark()
 		if free {
 			x.recycle()
 		}
@@ -164,27 +178,93 @@ func (x *Exchange) land(i int, now time.Time, reply []byte, err error) {
 	case good:
 		x.finished = true
 		x.mu.Unlock()
+		s.mark()
 		x.report(now, reply, nil)
 		return
 	case x.out > 0: // the other attempt is out: it decides
 		x.keep(reply, err)
 		x.mu.Unlock()
+		s.mark()
 		return
 	case worthRetry && x.mayExtend(now):
 		x.keep(reply, err)
 		tried := x.reserve()
 		x.mu.Unlock()
+		s.mark()
 		x.extend(reason, tried)
 		return
 	}
 	x.finished = true
+	x.mu.Unlock()
+	s.mark()
 	if reply != nil { // the latest SERVFAIL or REFUSED
-		x.mu.Unlock()
 		x.report(now, reply, nil)
 		return
 	}
-	x.mu.Unlock()
 	x.reportKept(now, err)
+}
+
+// settled is a breaker's verdict that settle decided under mu, told
+// outside it: a breaker's change of state may run callbacks of its own.
+type settled struct {
+	permit guard.Permit
+	v      upstream.Verdict
+	ok     bool // false: nobody to tell (nearly always)
+}
+
+func (s *settled) mark() {
+	if s.ok {
+		mark(s.permit, s.v)
+	}
+}
+
+// settle judges an extra attempt's plain timeout together with the first
+// attempt. It requires that x.mu is held. Attempt i ended with v and err;
+// plainTimeout says it is an extra attempt's timeout with no other reply
+// from its upstream meanwhile (ErrTimeout), whose permit, given, its
+// breaker has not heard of yet.
+//
+// An extra attempt goes only to a name the first upstream was slow on (a
+// hedge) or did not answer usefully (a retry), and a backup under
+// sequential sees nothing else: its timeouts have no neighbour to vouch
+// for it. The first attempt vouches instead: if it answered (any rcode) or
+// timed out as a slow name (ErrNameTimeout), the name may be the slow one,
+// and the extra attempt's breaker hears nothing, so slow names hedged to an
+// idle backup never open its breaker. If the first failed too (a network
+// error, no valid reply, a plain timeout), both failures count, and two
+// silent upstreams open both breakers. A hedge can time out before the
+// first attempt has landed: its permit is held, and the first attempt's
+// landing settles it. Both end by the same deadline, so that is a sweep at
+// most, and the landing that settles is the last one out: every breaker
+// still hears before the caller.
+func (x *Exchange) settle(i int, v upstream.Verdict, err error, plainTimeout bool, permit guard.Permit) settled {
+	if i == 0 {
+		x.firstLanded = true
+		x.firstVouches = v == upstream.Answer || errors.Is(err, upstream.ErrNameTimeout)
+		if !x.holding {
+			return settled{}
+		}
+		s := settled{x.held, x.extraVerdict(), true}
+		x.held, x.holding = guard.Permit{}, false
+		return s
+	}
+	switch {
+	case !plainTimeout:
+		return settled{}
+	case !x.firstLanded:
+		x.held, x.holding = permit, true
+		return settled{}
+	}
+	return settled{permit, x.extraVerdict(), true}
+}
+
+// extraVerdict is the verdict on an extra attempt's plain timeout once the
+// first attempt has landed (settle). It requires that x.mu is held.
+func (x *Exchange) extraVerdict() upstream.Verdict {
+	if x.firstVouches {
+		return upstream.Uncounted
+	}
+	return upstream.Failure
 }
 
 // judgeForQuery says what an attempt's result is worth to the query: good
@@ -284,12 +364,23 @@ func (x *Exchange) extend(reason Reason, tried uint32) {
 	x.send(a)
 }
 
-// hedge is the hedge of use gen coming due: if that query is still waiting
-// for its first attempt alone, the extra attempt goes out.
-func (x *Exchange) hedge(gen uint64) {
+// hedge is the hedge of use gen coming due at due, sent at now: if that
+// query is still waiting for its first attempt alone, the extra attempt
+// goes out. The time left is judged at due, not now: the hedger always
+// wakes a little after due, and a hedge the configuration allows (due
+// leaves minLeft, New sees to it) is not lost to that. One the hedger
+// reaches only after the deadline (a stalled process) is not sent, and is
+// counted (LateHedges): its upstream could not answer in time, and its
+// timeout would be judged against it.
+func (x *Exchange) hedge(gen uint64, due, now time.Time) {
 	x.mu.Lock()
-	if x.gen != gen || x.finished || !x.mayExtend(x.p.now()) {
+	if x.gen != gen || x.finished || !x.mayExtend(due) {
 		x.mu.Unlock()
+		return
+	}
+	if !now.Before(x.deadline) {
+		x.mu.Unlock()
+		x.p.lateHedges.Add(1)
 		return
 	}
 	tried := x.reserve()
@@ -349,6 +440,7 @@ func (x *Exchange) recycle() {
 	x.gen++
 	x.mu.Unlock()
 	x.done, x.doneAt, x.keptErr = nil, nil, nil
+	x.held = guard.Permit{} // settled by the first attempt's landing: never left here
 	for i := range x.att {
 		x.att[i].permit = guard.Permit{}
 	}

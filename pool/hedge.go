@@ -106,7 +106,7 @@ func (h *hedger) run() {
 			alarm, alarmAt = h.after(wait), at
 		}
 		for i, e := range due {
-			e.x.hedge(e.gen)
+			e.x.hedge(e.gen, e.due, now)
 			due[i] = hedgeEntry{} // keep no Exchange alive
 		}
 		select {

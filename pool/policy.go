@@ -23,7 +23,9 @@ const (
 	// Fastest takes the upstream with the lowest smoothed response time
 	// whose breaker admits; one query in exploreEvery starts at the next
 	// upstream in turn instead, so the others' times stay known. An upstream
-	// not yet measured counts as the fastest.
+	// not yet measured counts as the fastest. Only a good answer counts as
+	// fast: a failure, SERVFAIL or REFUSED counts as the whole timeout, so
+	// an upstream that fails at once is not preferred.
 	Fastest
 )
 

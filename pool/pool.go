@@ -19,7 +19,10 @@
 //   - Hedge: if the first attempt has not answered after Hedge, the same
 //     query also goes to the next upstream (same budget, same deadline). The
 //     first good answer wins; SERVFAIL and REFUSED count as good only when
-//     nothing better can come.
+//     nothing better can come. Hedge leaves at least a tenth of the
+//     deadline (New refuses more), and the time left is judged when the
+//     hedge comes due, so a hedging goroutine waking a little late still
+//     sends it.
 //   - Outbound limit: every attempt sent pays one token of Config.Outbound,
 //     asked right before the send, after the breaker (and, for an extra
 //     attempt, after the budget). A first attempt it refuses is no attempt:
@@ -27,7 +30,10 @@
 //     a sample. A retry or hedge it refuses is simply not sent.
 //   - At most two attempts per query, each reporting to its own breaker
 //     exactly once when it ends, even after the query was answered by the
-//     other; the caller hears of the query exactly once.
+//     other; the caller hears of the query exactly once. An extra
+//     attempt's timeout with no other reply from its upstream is judged
+//     with the first attempt (exchange.go, settle): a slow name's at both
+//     costs neither breaker, two silent upstreams both count.
 //
 // The package knows one upstream only through Forwarder, so it never
 // imports the networking, and it knows metrics only through Observer.
@@ -77,7 +83,8 @@ type Config struct {
 	Policy  Policy
 	Timeout time.Duration // a query's whole deadline, every attempt included (default upstream.DefaultTimeout)
 	// Hedge is how long the first attempt may go unanswered before the
-	// query also goes to the next upstream; 0: never. It needs a Budget.
+	// query also goes to the next upstream; 0: never. It needs a Budget,
+	// and must leave a tenth of Timeout for the hedge (ErrHedgeTooLate).
 	Hedge time.Duration
 	// Budget caps retries and hedges together; nil: neither is ever sent.
 	Budget *guard.RetryBudget
@@ -142,12 +149,15 @@ var Reasons = []string{"failure", "answer", "hedge"}
 func (r Reason) String() string { return Reasons[r] }
 
 // ErrNoMembers and ErrTooManyMembers refuse a Config without upstreams or
-// with more than MaxMembers. ErrLimited is Acquire's when an upstream's
+// with more than MaxMembers, ErrHedgeTooLate one whose hedge would leave
+// less than a tenth of the timeout, which every extra attempt needs (the
+// hedge would never be sent). ErrLimited is Acquire's when an upstream's
 // breaker admitted the query but the outbound limit refused its first
 // attempt.
 var (
 	ErrNoMembers      = errors.New("pool: no upstream")
 	ErrTooManyMembers = fmt.Errorf("pool: more than %d upstreams", MaxMembers)
+	ErrHedgeTooLate   = errors.New("pool: the hedge leaves less than a tenth of the timeout")
 	ErrLimited        = errors.New("pool: the outbound rate limit refused the query")
 )
 
@@ -165,9 +175,10 @@ type Pool struct {
 	real    bool     // clock is RealClock: call time.Now directly
 	limit   Outbound // nil: no outbound limit
 
-	rotation  atomic.Uint64 // round_robin's starting point; fastest's exploring turn
-	exchanges sync.Pool
-	hedger    *hedger // nil: no hedging
+	rotation   atomic.Uint64 // round_robin's starting point; fastest's exploring turn
+	lateHedges atomic.Uint64 // hedges the hedger reached only after their deadline
+	exchanges  sync.Pool
+	hedger     *hedger // nil: no hedging
 }
 
 // member is one upstream and what the pool learns of it.
@@ -191,6 +202,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = upstream.DefaultTimeout
+	}
+	if cfg.Hedge > cfg.Timeout-cfg.Timeout/10 {
+		return nil, ErrHedgeTooLate
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = guard.RealClock{}
@@ -251,11 +265,17 @@ func (p *Pool) Name(i int) string { return p.members[i].name }
 func (p *Pool) Breaker(i int) *guard.Breaker { return p.members[i].breaker }
 
 // SmoothedRTT returns upstream i's smoothed response time, 0 before its
-// first answer: what the fastest policy compares.
+// first attempt that counted: what the fastest policy compares. Only good
+// answers pull it down (observe).
 func (p *Pool) SmoothedRTT(i int) time.Duration { return time.Duration(p.members[i].srtt.Load()) }
 
 // Hedging reports whether the pool sends hedges.
 func (p *Pool) Hedging() bool { return p.hedger != nil }
+
+// LateHedges returns how many hedges were not sent because the hedging
+// goroutine reached them only after their query's deadline: none unless
+// the process stalled for a tenth of the timeout or more.
+func (p *Pool) LateHedges() uint64 { return p.lateHedges.Load() }
 
 // Acquire chooses the upstream for a new query by the policy, takes its
 // breaker's permit and the first attempt's outbound token. It returns
@@ -288,18 +308,25 @@ func (p *Pool) now() time.Time {
 }
 
 // observe learns from one attempt of upstream i that took took and ended
-// with v: its smoothed response time moves an eighth of the way towards
-// took (a timeout counts in full, so a dead upstream looks slow), and the
-// Observer hears of it.
-func (p *Pool) observe(i int, v upstream.Verdict, err error, took time.Duration) {
+// with v, good for the query or not (judgeForQuery): its smoothed response
+// time moves an eighth of the way towards took for a good answer, and
+// towards the whole timeout for anything else counted (a failure, a
+// timeout, SERVFAIL or REFUSED), so that an upstream looks slow when it is
+// dead and when it fails at once alike. The Observer hears of it, with
+// took.
+func (p *Pool) observe(i int, v upstream.Verdict, good bool, err error, took time.Duration) {
 	m := &p.members[i]
 	if v != upstream.Uncounted {
+		sample := int64(took)
+		if !good {
+			sample = int64(p.timeout)
+		}
 		// A plain load and store: two attempts racing lose one sample, no more.
 		s := m.srtt.Load()
 		if s == 0 {
-			s = int64(took)
+			s = sample
 		} else {
-			s += (int64(took) - s) / 8
+			s += (sample - s) / 8
 		}
 		m.srtt.Store(max(s, 1))
 	}
