@@ -4,7 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"dnsproxi/guard"
+	"dnsproxi/upstream"
 )
 
 // BenchmarkChoose is what a query pays to choose its upstream among 4
@@ -66,4 +69,48 @@ func benchPool(b *testing.B, policy Policy) *Pool {
 	}
 	b.Cleanup(func() { p.Close() })
 	return p
+}
+
+// cannedUpstream answers every query at once with the same reply.
+type cannedUpstream struct{ reply []byte }
+
+func (c cannedUpstream) ForwardUntil(query []byte, _ string, _ time.Time, done upstream.Result) {
+	done(query, c.reply, nil)
+}
+
+// BenchmarkForward is a query's whole way through the pool when its first
+// upstream answers at once: Acquire, Forward, the attempt's landing (its
+// breaker, its smoothed time, the verdict) and the report.
+func BenchmarkForward(b *testing.B) {
+	m := new(dns.Msg)
+	m.SetQuestion("bench.example.", dns.TypeA)
+	query, _ := m.Pack()
+	r := new(dns.Msg)
+	r.SetReply(m)
+	answer, _ := r.Pack()
+	cfg := Config{Budget: guard.NewRetryBudget(*generous, nil)}
+	for i := range 2 {
+		br := guard.NewBreaker(guard.BreakerConfig{CoolOff: time.Second}, guard.RealClock{})
+		cfg.Members = append(cfg.Members, Member{Name: string(rune('a' + i)), Upstream: cannedUpstream{answer}, Breaker: br})
+	}
+	p, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	done := func(_, reply []byte, err error) {
+		if err != nil || len(reply) == 0 {
+			b.Fatal("no answer")
+		}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			x, err := p.Acquire()
+			if err != nil {
+				b.Fatal(err)
+			}
+			x.Forward(query, "udp", done)
+		}
+	})
 }
