@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -15,14 +14,16 @@ import (
 // that lags) held the goroutine that logged: a reply reader that logged a
 // breaker's opening never came back, and every query sent on its socket
 // waited out its timeout (TestAttackStalledStderrDoesNotStopTheUpstreamsReplies).
-// Lines go through a queue of asyncLogQueue to a goroutine of their own;
-// when the queue is full a line is dropped and counted, never waited for.
+// Lines go through a queue of asyncLogQueue to a writer goroutine, started
+// by a line that finds none running and gone once the queue is empty (the
+// events are rare: nothing runs between them); when the queue is full a
+// line is dropped and counted, never waited for.
 type asyncLog struct {
-	queue   chan asyncLine // never closed: a late line is queued or dropped, never a panic
+	queue   chan asyncLine
+	running atomic.Bool   // a writer goroutine is draining the queue
+	idle    chan struct{} // a writer left (capacity 1)
+	stopped atomic.Bool   // Close has begun: lines are dropped
 	dropped atomic.Uint64
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
 }
 
 // asyncLine is one record and the handler it is for.
@@ -40,40 +41,64 @@ const asyncLogQueue = 256
 // written: a stderr still stalled then loses them, and the process stops.
 const asyncLogStopWait = time.Second
 
-// newAsyncLog starts the writer of log's lines and returns a logger that
-// queues them.
+// newAsyncLog returns a logger that queues log's lines for a writer of
+// their own.
 func newAsyncLog(log *slog.Logger) (*asyncLog, *slog.Logger) {
-	a := &asyncLog{queue: make(chan asyncLine, asyncLogQueue), stop: make(chan struct{}), done: make(chan struct{})}
-	go a.run()
+	a := &asyncLog{queue: make(chan asyncLine, asyncLogQueue), idle: make(chan struct{}, 1)}
 	return a, slog.New(&asyncHandler{inner: log.Handler(), log: a})
 }
 
-func (a *asyncLog) run() {
-	defer close(a.done)
+// add queues l and makes sure a writer runs.
+func (a *asyncLog) add(l asyncLine) {
+	if a.stopped.Load() {
+		a.dropped.Add(1)
+		return
+	}
+	select {
+	case a.queue <- l:
+	default:
+		a.dropped.Add(1)
+		return
+	}
+	if a.running.CompareAndSwap(false, true) {
+		go a.write()
+	}
+}
+
+// write drains the queue, then leaves. A line queued as it leaves finds
+// running false and starts the next writer, or is taken by this one going
+// on: no line is left behind.
+func (a *asyncLog) write() {
 	for {
 		select {
 		case l := <-a.queue:
 			l.h.Handle(context.Background(), l.r)
-		case <-a.stop:
-			for { // what was queued before the stop
-				select {
-				case l := <-a.queue:
-					l.h.Handle(context.Background(), l.r)
-				default:
-					return
-				}
+			continue
+		default:
+		}
+		a.running.Store(false)
+		if len(a.queue) == 0 || !a.running.CompareAndSwap(false, true) {
+			select {
+			case a.idle <- struct{}{}:
+			default:
 			}
+			return
 		}
 	}
 }
 
-// Close stops the writer once it has written what is queued, waiting at
-// most asyncLogStopWait. A line logged after is dropped.
+// Close drops every line logged from now on and waits, at most
+// asyncLogStopWait, for the writer to write what is queued.
 func (a *asyncLog) Close() {
-	a.once.Do(func() { close(a.stop) })
-	select {
-	case <-a.done:
-	case <-time.After(asyncLogStopWait):
+	a.stopped.Store(true)
+	deadline := time.NewTimer(asyncLogStopWait)
+	defer deadline.Stop()
+	for a.running.Load() {
+		select {
+		case <-a.idle:
+		case <-deadline.C:
+			return
+		}
 	}
 }
 
@@ -92,11 +117,7 @@ func (h *asyncHandler) Enabled(ctx context.Context, l slog.Level) bool {
 
 // Handle queues r, or drops it when the queue is full.
 func (h *asyncHandler) Handle(_ context.Context, r slog.Record) error {
-	select {
-	case h.log.queue <- asyncLine{h.inner, r.Clone()}:
-	default:
-		h.log.dropped.Add(1)
-	}
+	h.log.add(asyncLine{h.inner, r.Clone()})
 	return nil
 }
 
