@@ -1,0 +1,112 @@
+package dnsserver
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
+)
+
+// bigAnswer is a reply to query padded to size bytes: what a DNSSEC answer
+// of that size is to the server, a frame it must deliver whole.
+func bigAnswer(query []byte, qend, size int) []byte {
+	b := wire.AppendReply(make([]byte, 0, size), query, qend, dns.RcodeSuccess)
+	return append(b, make([]byte, size-len(b))...)
+}
+
+// A pipelining client has queries answered while Shutdown runs, and has
+// already sent its next query, which the server no longer reads. The
+// client reads its answers a moment later. Shutdown promises that every
+// query taken is answered, over TCP once the answer is written; but closing
+// a socket with unread bytes in it resets the connection (RFC 1122
+// §4.2.2.13), and a reset throws away whatever of the answers is still in
+// the server's send buffer. The client must get every answer whole.
+func TestShutdownDeliversAnswersDespiteUnreadNextQuery(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		queries int
+		size    int
+		rcvbuf  int // 0: the system's default
+	}{
+		{"one 60000-byte answer, 4 KiB receive buffer", 1, 60000, 4096},
+		{"four 60000-byte answers, default receive buffer", 4, 60000, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held := make(chan func(), tc.queries)
+			woken := make(chan struct{})
+			s := &Server{
+				Handler: HandlerFunc(func(w ResponseWriter, q *Query) {
+					reply := bigAnswer(q.Wire, q.QEnd, tc.size)
+					held <- func() { w.Write(reply) }
+				}),
+				afterWake: func() { close(woken) },
+			}
+			addr := startServer(t, s)
+			raw, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := raw.(*net.TCPConn)
+			defer c.Close()
+			if tc.rcvbuf > 0 {
+				c.SetReadBuffer(tc.rcvbuf)
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			frame := func(name string, id uint16) []byte {
+				m := new(dns.Msg).SetQuestion(name, dns.TypeA)
+				m.Id = id
+				b, _ := m.Pack()
+				return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)
+			}
+			var answers []func()
+			for i := range tc.queries {
+				if _, err := c.Write(frame("q.example.", uint16(i+1))); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case a := <-held:
+					answers = append(answers, a)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("query %d did not reach the handler", i+1)
+				}
+			}
+			shut := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				shut <- s.Shutdown(ctx)
+			}()
+			select {
+			case <-woken:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Shutdown did not wake the readers")
+			}
+			if _, err := c.Write(frame("next.example.", 100)); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range answers {
+				a()
+			}
+			if err := <-shut; err != nil {
+				t.Fatalf("Shutdown: %v", err)
+			}
+			// Shutdown has returned: every answer counts as delivered. Read them.
+			for i := range tc.queries {
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					t.Fatalf("answer %d of %d: reading its length: %v", i+1, tc.queries, err)
+				}
+				body := make([]byte, binary.BigEndian.Uint16(l[:]))
+				if n, err := io.ReadFull(c, body); err != nil {
+					t.Fatalf("answer %d of %d: got %d of its %d bytes, then %v", i+1, tc.queries, n, len(body), err)
+				}
+			}
+		})
+	}
+}
