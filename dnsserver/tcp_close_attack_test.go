@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,5 +109,86 @@ func TestShutdownDeliversAnswersDespiteUnreadNextQuery(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A client had its query answered (60,000 bytes, written but not all
+// taken by its small receive window yet), and its next query is on the
+// way, not read yet, as its connection is chosen for a newcomer. The README
+// promises that a query the server has read is never lost to eviction; the
+// close resets a connection with unread bytes, and the reset throws away
+// the rest of the answer. The client must get it whole.
+func TestEvictionDeliversTheAnswerWritten(t *testing.T) {
+	const size = 60000
+	blocked, unblock := make(chan struct{}), make(chan struct{})
+	var arms atomic.Int64
+	s := &Server{
+		MaxTCPConns:    1,
+		TCPIdleTimeout: time.Minute,
+		Handler: HandlerFunc(func(w ResponseWriter, q *Query) {
+			w.Write(bigAnswer(q.Wire, q.QEnd, size))
+		}),
+		OnDropped: func(reason string) {
+			if reason == "tcp_idle_evicted" {
+				close(unblock)
+			}
+		},
+		// The first connection's reader, back for its second query, waits
+		// here until the connection is evicted: the second query stays in
+		// the socket, as it does when it arrives just after the choice.
+		beforeArm: func() {
+			if arms.Add(1) == 2 {
+				close(blocked)
+				select {
+				case <-unblock:
+				case <-time.After(5 * time.Second):
+				}
+			}
+		},
+	}
+	addr := startServer(t, s)
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := raw.(*net.TCPConn)
+	defer old.Close()
+	old.SetReadBuffer(4096)
+	old.SetDeadline(time.Now().Add(5 * time.Second))
+	frame := func(name string, id uint16) []byte {
+		m := new(dns.Msg).SetQuestion(name, dns.TypeA)
+		m.Id = id
+		b, _ := m.Pack()
+		return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)
+	}
+	if _, err := old.Write(frame("first.example.", 1)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-blocked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reader did not come back for a second query")
+	}
+	waitNothingDue(t, s) // the answer is written: the connection is idle
+	if _, err := old.Write(frame("second.example.", 2)); err != nil {
+		t.Fatal(err)
+	}
+	newcomer, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newcomer.Close()
+	select {
+	case <-unblock:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the idle connection was not closed for the newcomer")
+	}
+	var l [2]byte
+	if _, err := io.ReadFull(old, l[:]); err != nil {
+		t.Fatalf("reading the first answer's length: %v", err)
+	}
+	body := make([]byte, binary.BigEndian.Uint16(l[:]))
+	if n, err := io.ReadFull(old, body); err != nil {
+		t.Fatalf("the first query, read and answered before its connection was chosen: got %d of its answer's %d bytes, then %v", n, len(body), err)
 	}
 }
