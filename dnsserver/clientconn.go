@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -39,7 +40,9 @@ type clientConn struct {
 
 	// Guarded by the server's mu.
 	prev, next *clientConn // in Server.byQuery
-	evicted    bool        // closed for a new connection: not chosen again, and takes no query
+
+	// Set under the server's mu; read without it by the reader after arming.
+	evicted atomic.Bool // chosen to close for a new connection: not chosen again, and takes no query
 
 	mu     sync.Mutex
 	out    []byte // answers waiting for the writer, each with its length prefix
@@ -124,25 +127,53 @@ func (cc *clientConn) send() {
 	}
 }
 
-// close closes the connection, once, and counts why unless reason is empty.
-// The answers still queued are finished unsent, and so is every answer
-// handed in from now on, so the server's counts stay right.
+// close closes the connection at once, if it is open, and counts why
+// unless reason is empty. The answers still queued are finished unsent, and
+// so is every answer handed in from now on, so the server's counts stay
+// right. Closing a socket with bytes unread in it resets the connection:
+// this is for a connection that failed or does not read its answers; the
+// reader ends a healthy one gracefully instead (endConn, linger).
 func (cc *clientConn) close(reason string) {
-	cc.mu.Lock()
-	if cc.closed {
-		cc.mu.Unlock()
+	n, ok := cc.markClosed()
+	if !ok {
 		return
+	}
+	cc.conn.Close()
+	if reason != "" {
+		cc.s.dropped(reason)
+	}
+	cc.finishUnsent(n)
+}
+
+// stop ends the connection's sending as close does, but leaves its socket
+// open for a graceful close. It reports whether the connection was open.
+func (cc *clientConn) stop() bool {
+	n, ok := cc.markClosed()
+	if ok {
+		cc.finishUnsent(n)
+	}
+	return ok
+}
+
+// markClosed marks the connection closed, once, and empties its queue: it
+// returns how many answers were in it, and whether this call closed it.
+func (cc *clientConn) markClosed() (int, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.closed {
+		return 0, false
 	}
 	cc.closed = true
 	n := cc.frames
 	cc.queued -= len(cc.out)
 	cc.out, cc.frames = nil, 0
-	cc.mu.Unlock()
-	cc.conn.Close()
-	if reason != "" {
-		cc.s.dropped(reason)
-	}
-	cc.signal() // lets the writer see it is closed
+	return n, true
+}
+
+// finishUnsent lets the writer see the connection is closed, and counts
+// the n answers that were queued as answered.
+func (cc *clientConn) finishUnsent(n int) {
+	cc.signal()
 	cc.answered(n)
 }
 

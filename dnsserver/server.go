@@ -3,9 +3,10 @@
 // the question and the OPT record of each query straight from the packet,
 // hands what is malformed beyond its header to the handler marked as such
 // (so every answer passes the handler's gates), bounds the queries
-// awaiting an answer and the TCP connections open at once, and shuts down
-// gracefully: it stops reading, waits for every query it took to be
-// answered, then closes its sockets.
+// awaiting an answer and the TCP connections open at once, closes a TCP
+// connection without cutting the answers written to it (linger.go), and
+// shuts down gracefully: it stops reading, waits for every query it took
+// to be answered, then closes its sockets.
 //
 // A handler must not block: it answers through its ResponseWriter, then or
 // later, from any goroutine, exactly once (Write or Drop).
@@ -102,7 +103,10 @@ type Server struct {
 	// with no query unanswered whose last whole query (or opening) is the
 	// oldest, among the 64 oldest, closing it; a query that arrives as it
 	// is closed is not taken. If each of those 64 has a query unanswered,
-	// the new connection is closed at once.
+	// the new connection is closed at once. A connection being closed
+	// gives its slot back at once, then lingers up to a second for its
+	// client to take its last answers and close: at most 64 at a time
+	// until Shutdown, which lets each linger.
 	MaxTCPConns int
 	// TCPIdleTimeout closes a connection that has not delivered a whole query
 	// for this long, including one stalled half-way through (default 10s).
@@ -144,12 +148,16 @@ type Server struct {
 	idle       chan struct{}  // closed by the answer that brings unanswered to zero once drained
 	idleOnce   sync.Once
 
-	mu      sync.Mutex
-	conns   map[*clientConn]struct{}
-	byQuery connList // the same connections, by their last whole query
+	mu        sync.Mutex
+	conns     map[*clientConn]struct{}
+	byQuery   connList                 // the same connections, by their last whole query
+	lingering map[*clientConn]struct{} // connections in a graceful close, ≤ maxLingering
+	abandoned bool                     // Shutdown is closing every connection: none starts to linger
+	lingers   sync.WaitGroup           // the graceful closes under way
 
 	// Test seams, nil or zero outside tests.
 	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout
+	lingerTime      time.Duration // how long a graceful close may take; default defaultLingerTime
 	beforeArm       func()        // a connection's reader is about to arm its idle deadline
 	afterRead       func()        // a connection's reader has read a whole query, not yet taken it
 	afterWake       func()        // Shutdown has woken every connection's reader
@@ -207,8 +215,12 @@ func (s *Server) setDefaults() {
 	if s.tcpWriteTimeout <= 0 {
 		s.tcpWriteTimeout = writeTimeout
 	}
+	if s.lingerTime <= 0 {
+		s.lingerTime = defaultLingerTime
+	}
 	s.connTokens = make(chan struct{}, s.MaxTCPConns)
 	s.conns = make(map[*clientConn]struct{})
+	s.lingering = make(map[*clientConn]struct{})
 	s.idle = make(chan struct{})
 }
 
@@ -245,7 +257,11 @@ func (s *Server) Unanswered() int { return int(s.unanswered.Load()) }
 
 // Shutdown stops reading new queries, waits until every query taken has been
 // answered (over TCP: until the answer is written), then closes the sockets.
-// If ctx ends first it closes them anyway and returns ctx's error.
+// If ctx ends first it closes them anyway and returns ctx's error. It also
+// waits, within ctx, for the graceful closes of TCP connections (linger.go),
+// up to a second each; one still under way when ctx ends is cut short,
+// which is no error: its answers were written, and its client had until
+// then to take them.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.closing.Swap(true) || s.udp == nil {
 		return nil
@@ -277,6 +293,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			err = waitOrDone(ctx, s.idle)
 		}
 	}
+	if err == nil {
+		// No reader is left to start a graceful close: s.lingers only falls.
+		lingered := make(chan struct{})
+		go func() { s.lingers.Wait(); close(lingered) }()
+		waitOrDone(ctx, lingered)
+	}
 	for _, u := range s.udp {
 		if s.Writers != nil {
 			s.Writers.Remove(u.writer)
@@ -284,14 +306,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		u.close()
 	}
 	s.mu.Lock()
+	s.abandoned = true // a reader ending from now on closes its connection at once
 	conns := make([]*clientConn, 0, len(s.conns))
 	for cc := range s.conns {
 		conns = append(conns, cc)
+	}
+	lingering := make([]*clientConn, 0, len(s.lingering))
+	for cc := range s.lingering {
+		lingering = append(lingering, cc)
 	}
 	s.mu.Unlock()
 	for _, cc := range conns { // left only when ctx ended first
 		cc.close("")
 	}
+	for _, cc := range lingering { // left only when ctx ended first
+		cc.conn.Close() // its linger's read fails, and it ends at once
+	}
+	s.lingers.Wait() // none starts once abandoned is set
 	return err
 }
 

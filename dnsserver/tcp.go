@@ -49,9 +49,10 @@ func (s *Server) serveTCP() {
 }
 
 // evictWait bounds how long a new connection waits for the slot of the
-// idle one closed for it. That slot frees as soon as the closed
-// connection's reader runs: it had no query unanswered when chosen, and a
-// query it reads after is not taken (serveConn).
+// idle one closed for it. That slot frees as soon as the chosen
+// connection's reader runs: it had no query unanswered when chosen, a
+// query it reads after is not taken (serveConn), and it frees the slot
+// before its graceful close (endConn).
 const evictWait = 100 * time.Millisecond
 
 // evictScan bounds how many connections, oldest first, a new one looks
@@ -77,7 +78,10 @@ func (s *Server) takeConnSlot() bool {
 	if victim == nil {
 		return false
 	}
-	victim.close("tcp_idle_evicted")
+	s.dropped("tcp_idle_evicted")
+	// Its reader sees evicted after arming its deadline, or wakes now; it
+	// closes the connection (endConn).
+	victim.conn.SetReadDeadline(time.Now())
 	t := time.NewTimer(evictWait)
 	defer t.Stop()
 	select {
@@ -99,8 +103,8 @@ func (s *Server) idlest() *clientConn {
 		if cc == nil {
 			return nil
 		}
-		if !cc.evicted && len(cc.pipeline) == 0 {
-			cc.evicted = true
+		if !cc.evicted.Load() && len(cc.pipeline) == 0 {
+			cc.evicted.Store(true)
 			return cc
 		}
 		cc = cc.next
@@ -110,11 +114,20 @@ func (s *Server) idlest() *clientConn {
 
 // serveConn reads queries off one connection and hands each to the handler,
 // at most TCPPipeline of them awaiting their answers at a time. Once it
-// stops reading (the client closed or idled, a bad length, Shutdown, or the
-// connection failed), it waits for the answers still due, then closes.
+// stops reading (the client closed or idled, a bad length, Shutdown,
+// eviction, or the connection failed), it waits for the answers still due,
+// then closes the connection, gracefully if it can (endConn).
 func (s *Server) serveConn(cc *clientConn) {
-	defer s.wg.Done()
-	defer s.endConn(cc)
+	s.readQueries(cc)
+	lingering := s.endConn(cc)
+	s.wg.Done() // a lingering close counts in s.lingers instead
+	if lingering {
+		s.linger(cc)
+	}
+}
+
+// readQueries is serveConn's reading: it returns once it stops.
+func (s *Server) readQueries(cc *clientConn) {
 	c := cc.conn
 	var lenBuf [2]byte
 	for {
@@ -124,9 +137,10 @@ func (s *Server) serveConn(cc *clientConn) {
 		// One deadline covers the length prefix and the body: a query that
 		// stalls half-way costs its sender the connection, nobody else.
 		c.SetReadDeadline(time.Now().Add(s.TCPIdleTimeout))
-		// Checked after arming: Shutdown sets closing, then moves the
-		// deadline to now, so either this sees closing or the read wakes.
-		if s.closing.Load() {
+		// Checked after arming: Shutdown sets closing, and eviction sets
+		// evicted, then moves the deadline to now, so either this sees it
+		// or the read wakes.
+		if s.closing.Load() || cc.evicted.Load() {
 			return
 		}
 		if _, err := io.ReadFull(c, lenBuf[:]); err != nil {
@@ -149,7 +163,7 @@ func (s *Server) serveConn(cc *clientConn) {
 		// idlest chooses under mu, and only a connection whose pipeline is
 		// empty, so either it saw this token, or this sees evicted.
 		s.mu.Lock()
-		evicted := cc.evicted
+		evicted := cc.evicted.Load()
 		if !evicted {
 			s.byQuery.moveToBack(cc)
 		}
@@ -162,18 +176,4 @@ func (s *Server) serveConn(cc *clientConn) {
 		w.start(s)
 		s.serve(w, &w.q, pkt, "tcp", clientOf(c))
 	}
-}
-
-// endConn waits until every query taken on cc is answered (written, or
-// dropped with the connection), then closes cc and frees its slot.
-func (s *Server) endConn(cc *clientConn) {
-	for range s.TCPPipeline {
-		cc.pipeline <- struct{}{}
-	}
-	cc.close("")
-	s.mu.Lock()
-	delete(s.conns, cc)
-	s.byQuery.remove(cc)
-	s.mu.Unlock()
-	<-s.connTokens
 }

@@ -100,7 +100,7 @@ func TestTCPEvictionUnderChurn(t *testing.T) {
 			s.Handler = HandlerFunc(func(w ResponseWriter, q *Query) {
 				handled.Add(1)
 				s.mu.Lock()
-				evicted := w.(*tcpWriter).conn.evicted
+				evicted := w.(*tcpWriter).conn.evicted.Load()
 				s.mu.Unlock()
 				if evicted {
 					broken.set(errors.New("a query was taken on a connection already closed for a newcomer"))
