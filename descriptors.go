@@ -5,7 +5,12 @@ import "fmt"
 // otherDescriptors is what the proxy keeps for its descriptors besides
 // client TCP connections: its listening sockets (a UDP one per core), the
 // upstreams' UDP sockets (8 each, and as many retiring), their TCP
-// connections, the metrics listener and its clients, the query log, Redis.
+// connections (4 each), the metrics listener and its clients, the query
+// log, Redis, and the client connections closing gracefully beyond
+// DNS_TCP_MAX_CONNS (at most 64, dnsserver's maxLingering): about 150 with
+// one upstream. (With many upstreams, 9 or more, their sockets alone could
+// pass it; Go raises the soft limit to the hard one, 524,288 under systemd,
+// so it binds only where the hard limit is low.)
 const otherDescriptors = 256
 
 // fitDescriptors checks DNS_TCP_MAX_CONNS against limit (checkDescriptors).
