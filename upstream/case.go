@@ -31,13 +31,19 @@ import (
 //     copy), or "localhost. A" before any (RFC 6761: answered without
 //     leaving the resolver). Never the suspect's question: a client picks
 //     that one, and can pick a name whose authority never answers.
-//   - A probe waits W: probeRTTs times the quickest exact reply of the last
-//     minute or so, at least minProbeWait, at most Timeout/probeWaitShare
-//     (Timeout/probeWaitShare as long as no exact reply was ever seen: no
-//     round-trip time is known that a spoofer could not have set). A mean
-//     reply time would not do: a client whose zone answers just before the
-//     timeout could raise it; the quickest exact reply can be neither
-//     raised by slow names nor lowered by forgery (it needs the case).
+//   - A probe waits W: probeRTTs times the quickest reply of the last
+//     minute or so, exact or in another case, at least minProbeWait, at
+//     most Timeout (Timeout/probeWaitShare as long as no reply was ever
+//     seen: no round-trip time is known). A mean reply time would not do: a
+//     client whose zone answers just before the timeout could raise it; the
+//     quickest reply cannot be raised by slow names, and a forged one can
+//     only lower it, shortening the window the forger gets. Replies in
+//     another case count because an upstream that never echoes case never
+//     gives an exact one: with W held at Timeout/probeWaitShare, one farther
+//     away than that (250 ms against the default 200) answered every probe
+//     late, each series ended as if it were silent, and 0x20 was never
+//     switched off: every query with a letter failed for good
+//     (TestAttackDistantUpstreamThatDoesNotEchoCaseIsFoundOut).
 //   - At the end of W the probe is judged. An exact reply in time proves
 //     the upstream echoes case, even if a case-changed one came first: the
 //     series ends and 0x20 stays on. A case-changed reply in time and no
@@ -61,16 +67,21 @@ import (
 // upstream), 65 million packets a second; at 1 million a second it hits
 // one probe in 65, three in a row once in 280,000 series, some 10^9
 // packets. Not knowing the port multiplies each probe's cost by 64,512.
-// The wide window left: before the upstream has answered any query exactly
+// The wide window left: before the upstream has answered any query
 // (just after start), W is Timeout/probeWaitShare, 200 ms by default; an
 // upstream down at that moment lets 3 x 65,536 packets at 330,000 a
-// second switch 0x20 off. (A spoofer on the path sees the probes and can;
-// it can as well forge the answers themselves.)
+// second switch 0x20 off; and with the upstream silent, the spoofer's own
+// case-changed reply to the first probe is the quickest reply there is, so
+// the next probes wait up to four times as long (a silent upstream is the
+// one case where a forged reply sets W; the port must still be known).
+// (A spoofer on the path sees the probes and can; it can as well forge the
+// answers themselves.)
 //
 // A real upstream that does not echo case answers every probe
-// case-changed and never exactly, so each probe waits out its W: the first
-// query pays caseProbes waits of Timeout/probeWaitShare (each rounded up
-// to the sweeper's next pass), 0.3 to 0.45 of the timeout, once; the
+// case-changed and never exactly, so each probe waits out its W: the
+// queries of the first moments pay caseProbes waits of probeRTTs round
+// trips (each rounded up to the sweeper's next pass), once, and those whose
+// deadline passes meanwhile fail (an upstream 250 ms away: 3 s); the
 // queries after it nothing.
 
 // caseProbes is how many probes in a row must come back case-changed.
@@ -96,6 +107,7 @@ type caseCheck struct {
 	probing    atomic.Bool  // a probe series is under way (or 0x20 is off: no more)
 	changed    atomic.Int32 // probes in a row answered case-changed; touched by one probe at a time
 	quickest   quickest     // the quickest exact replies, to bound a probe's wait
+	folded     quickest     // the quickest replies in another case, in time: the same, for an upstream that never echoes
 	mismatches atomic.Uint64
 	probes     atomic.Uint64
 	resends    atomic.Uint64

@@ -11,10 +11,10 @@ import (
 // The probe series that decides whether the upstream echoes case: the rules
 // and what they cost a spoofer are in case.go.
 
-// How long a probe waits: probeRTTs times the quickest exact reply, within
-// [minProbeWait, Timeout/probeWaitShare]. The floor absorbs the scheduling
-// of the socket's reader; the ceiling leaves the waiting query time to be
-// sent again after caseProbes probes and each one's wait for the sweeper.
+// How long a probe waits: probeRTTs times the quickest reply, exact or in
+// another case, within [minProbeWait, Timeout]; Timeout/probeWaitShare
+// while no reply is known. The floor absorbs the scheduling of the socket's
+// reader.
 const (
 	probeRTTs       = 4
 	minProbeWait    = time.Millisecond
@@ -71,13 +71,26 @@ func (q *quickest) get() (time.Duration, bool) {
 }
 
 // probeWait is how long a probe waits for its reply, given the quickest
-// exact reply (known: whether there is one) and the query timeout.
+// reply (known: whether there is one) and the query timeout.
 func probeWait(quick time.Duration, known bool, timeout time.Duration) time.Duration {
-	most := timeout / probeWaitShare
 	if !known {
-		return most
+		return timeout / probeWaitShare
 	}
-	return min(max(probeRTTs*quick, minProbeWait), most)
+	return min(max(probeRTTs*quick, minProbeWait), timeout)
+}
+
+// quickestReply returns the quickest reply of the last periods, exact or in
+// another case, and whether there is one.
+func (c *caseCheck) quickestReply() (time.Duration, bool) {
+	e, eok := c.quickest.get()
+	f, fok := c.folded.get()
+	switch {
+	case eok && fok:
+		return min(e, f), true
+	case fok:
+		return f, true
+	}
+	return e, eok
 }
 
 // startProbe starts a probe series, unless one is under way.
@@ -111,7 +124,7 @@ func (u *Upstream) sendProbe(query []byte) {
 		u.cases.probing.Store(false)
 		return
 	}
-	quick, known := u.cases.quickest.get()
+	quick, known := u.cases.quickestReply()
 	now := time.Now()
 	c := newCall(u, query, qend, u.probeDone, now, now.Add(probeWait(quick, known, u.cfg.Timeout)))
 	c.probe = true

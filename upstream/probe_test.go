@@ -10,9 +10,8 @@ import (
 	"dnsproxi/internal/wire"
 )
 
-// A probe waits a few of the quickest exact replies, within a floor and a
-// ceiling of a tenth of the timeout; the ceiling alone while no exact reply
-// was ever seen.
+// A probe waits a few of the quickest replies, within a floor and the
+// timeout; a tenth of the timeout while no reply was ever seen.
 func TestProbeWait(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
@@ -21,11 +20,13 @@ func TestProbeWait(t *testing.T) {
 		timeout time.Duration
 		want    time.Duration
 	}{
-		{"no exact reply yet: the ceiling", 0, false, 2 * time.Second, 200 * time.Millisecond},
+		{"no reply yet: a tenth of the timeout", 0, false, 2 * time.Second, 200 * time.Millisecond},
 		{"loopback: the floor", 50 * time.Microsecond, true, 2 * time.Second, time.Millisecond},
 		{"a LAN resolver: four round trips", 2 * time.Millisecond, true, 2 * time.Second, 8 * time.Millisecond},
-		{"a far resolver: the ceiling", 80 * time.Millisecond, true, 2 * time.Second, 200 * time.Millisecond},
-		{"a short timeout: its tenth, below the floor", 50 * time.Microsecond, true, 5 * time.Millisecond, 500 * time.Microsecond},
+		{"a far resolver: four round trips, past a tenth of the timeout", 80 * time.Millisecond, true, 2 * time.Second, 320 * time.Millisecond},
+		{"a resolver farther than a quarter of the timeout: the timeout", 800 * time.Millisecond, true, 2 * time.Second, 2 * time.Second},
+		{"a short timeout: the floor", 50 * time.Microsecond, true, 5 * time.Millisecond, time.Millisecond},
+		{"a timeout below the floor: the timeout", 50 * time.Microsecond, true, 500 * time.Microsecond, 500 * time.Microsecond},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := probeWait(tt.quick, tt.known, tt.timeout); got != tt.want {

@@ -214,6 +214,9 @@ func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspe
 		delete(s.pending, id)
 		return c, v, false
 	}
+	if c.mixed { // in another case, in time: how quickly the upstream answers, if it never echoes (probe.go)
+		s.u.cases.folded.add(now.Sub(c.lastSent))
+	}
 	suspect = !c.suspect && !c.probe
 	c.suspect = true // a probe waits on for an exact reply that would overrule this one
 	return nil, v, suspect

@@ -329,6 +329,7 @@ func (u *Upstream) sweep() {
 			}
 			if now.Sub(lastRoll) >= quickestPeriod {
 				u.cases.quickest.roll()
+				u.cases.folded.roll()
 				lastRoll = now
 			}
 		}
