@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -99,4 +100,50 @@ func TestAttackQueryLogDiskFullTearsALine(t *testing.T) {
 		}
 	}
 	readLogLines(t, text)
+}
+
+// TestAttackStalledStderrStopsTheQueryLogFile: the query log writes to a
+// healthy file, and its writer logs "query log reopened" (and a failed
+// write's warning) to the process's log, synchronously, on stderr. When
+// stderr stalls (a journald that lags, a pipe whose reader stopped), a
+// SIGHUP leaves the writer blocked in that log line: it never drains its
+// buffer again, and from then on every query's line is dropped, though the
+// file has room. The stall of one stream stops the other. And reopen itself,
+// called by the signal loop, logs its timeout's warning on the same stderr
+// and never returns: SIGTERM is not heard.
+func TestAttackStalledStderrStopsTheQueryLogFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "queries.log")
+	f, err := openLogFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := newStuckWriter(t)
+	l := newQueryLog(f, f, 1, 64, slog.New(slog.NewTextHandler(stderr, nil)))
+	l.reopenWait = 100 * time.Millisecond // SIGHUP's own wait, not the point here
+	t.Cleanup(func() {
+		stderr.free()
+		closeQueryLog(t, l)
+	})
+	reopened := make(chan struct{})
+	go func() { l.reopen(); close(reopened) }() // logrotate's SIGHUP
+	select {
+	case <-reopened:
+	case <-time.After(3 * time.Second):
+		t.Errorf("SIGHUP's reopen (reopenWait 100 ms) has not returned in 3 s: it logs its warning on the stalled stderr, and the signal loop that called it never hears SIGTERM")
+	}
+	b, _ := query("www.example.com", dns.TypeA).Pack()
+	for range 10 {
+		l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "127.0.0.1:53")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if written, _ := l.stats(); written == 10 {
+			return
+		}
+		if time.Now().After(deadline) {
+			written, dropped := l.stats()
+			t.Fatalf("3 s after a SIGHUP with stderr stalled, %d of 10 lines written to the file (%d dropped): the writer is held by its log line on stderr", written, dropped)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
