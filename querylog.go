@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -119,7 +120,9 @@ type queryLog struct {
 	stop       chan struct{}
 	done       chan struct{}
 	once       sync.Once
-	log        *slog.Logger
+	log        *slog.Logger // through events: the writer and SIGHUP's reopen never wait for stderr
+	events     *asyncLog
+	torn       []byte // the rest of a line a write cut short, written first next time
 
 	path string // the file's, reopened on SIGHUP; "" for stderr
 
@@ -179,7 +182,6 @@ func newQueryLog(out io.Writer, file *os.File, sample float64, capacity int, log
 		reopenWait: reopenTimeout,
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
-		log:        log,
 		out:        out,
 		file:       file,
 		buf:        make([]byte, 0, 64<<10),
@@ -187,6 +189,12 @@ func newQueryLog(out io.Writer, file *os.File, sample float64, capacity int, log
 	if file != nil {
 		l.path = file.Name()
 	}
+	// Its own lines go through a queue (asynclog.go): written on stderr
+	// directly, a stalled stderr held the writer in "query log reopened",
+	// so the file got no more lines, and SIGHUP's reopen in its timeout's
+	// warning, so the signal loop never heard SIGTERM
+	// (TestAttackStalledStderrStopsTheQueryLogFile).
+	l.events, l.log = newAsyncLog(log)
 	go l.run()
 	return l
 }
@@ -251,6 +259,7 @@ func (l *queryLog) close(ctx context.Context) {
 	case <-ctx.Done():
 		l.log.Warn("query log: the writer is stuck in a write; stopping without the lines it holds", "path", l.path)
 	}
+	l.events.Close()
 }
 
 // run is the writer goroutine.
@@ -299,20 +308,51 @@ func (l *queryLog) drain(n int) {
 	}
 }
 
-// write writes the batch of lines in buf.
+// write writes the batch of lines in buf. A write cut short (a full disk
+// takes what fits) counts the lines it wrote whole as written, and the one
+// it cut too: its rest is kept, and written before anything else once the
+// output takes bytes again, so the file never holds half a line joined to
+// the next one. The lines after it are dropped and counted. (Before, the
+// whole batch was counted dropped though part of it was in the file, and
+// the next batch was appended to the cut line: a line that is not JSON,
+// TestAttackQueryLogDiskFullTearsALine.)
 func (l *queryLog) write(lines int) {
-	_, err := l.out.Write(l.buf)
-	l.buf = l.buf[:0]
-	if err != nil {
-		l.dropped.Add(uint64(lines))
-		if !l.failed {
-			l.log.Warn("query log: write failed; its lines are counted as dropped", "path", l.path, "err", err)
+	defer func() { l.buf = l.buf[:0] }()
+	if len(l.torn) > 0 {
+		n, err := l.out.Write(l.torn)
+		l.torn = l.torn[n:]
+		if err != nil || len(l.torn) > 0 {
+			l.failedWrite(lines, err)
+			return
 		}
-		l.failed = true
+	}
+	n, err := l.out.Write(l.buf)
+	if err != nil {
+		whole := bytes.Count(l.buf[:n], []byte{'\n'})
+		if n > 0 && n < len(l.buf) && l.buf[n-1] != '\n' {
+			end := n + bytes.IndexByte(l.buf[n:], '\n') + 1 // every line ends in one
+			l.torn = append(l.torn[:0], l.buf[n:end]...)
+			whole++
+		}
+		l.written.Add(uint64(whole))
+		l.failedWrite(lines-whole, err)
 		return
 	}
 	l.failed = false
 	l.written.Add(uint64(lines))
+}
+
+// failedWrite counts lines dropped by a write that failed with err, and
+// says so once until a write succeeds.
+func (l *queryLog) failedWrite(lines int, err error) {
+	if err == nil {
+		err = io.ErrShortWrite
+	}
+	l.dropped.Add(uint64(lines))
+	if !l.failed {
+		l.log.Warn("query log: write failed; its lines are counted as dropped", "path", l.path, "err", err)
+	}
+	l.failed = true
 }
 
 // reopenFile opens the path anew and swaps it in; if it cannot be opened,
