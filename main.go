@@ -110,7 +110,7 @@ serving:
 			a.reopen()
 		}
 	}
-	log.Info("shutting down: finishing the queries in flight")
+	a.eventLog.Info("shutting down: finishing the queries in flight") // queued: a stalled stderr holds no shutdown
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
 	defer cancel()
 	if err := a.shutdown(sctx); err != nil {
@@ -144,7 +144,8 @@ type app struct {
 	metrics     *metrics.Metrics
 	proxy       *proxy
 	upstreams   *pool.Pool
-	events      *asyncLog // the upstreams' log lines, written off their goroutines
+	events      *asyncLog    // the upstreams' log lines, written off their goroutines
+	eventLog    *slog.Logger // the logger that queues them; also the signal loop's
 	server      *dnsserver.Server
 	metricsLn   net.Listener
 	metricsHTTP *http.Server
@@ -197,7 +198,7 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	if _, real := clock.(guard.RealClock); !real {
 		p.clock = clock
 	}
-	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups, events: events}
+	a := &app{cfg: cfg, log: log, metrics: m, proxy: p, upstreams: ups, events: events, eventLog: eventLog}
 	a.server = &dnsserver.Server{
 		Addr:           cfg.Listen,
 		Handler:        dnsserver.HandlerFunc(p.handleQuery),
@@ -270,11 +271,13 @@ func (a *app) start() error {
 // reopen is what SIGHUP asks for: the query log's file reopened after a log
 // rotation. Nothing else is reloaded.
 func (a *app) reopen() {
+	// Through the queue: the signal loop must never wait for a stalled
+	// stderr, or it would not hear SIGTERM.
 	if a.proxy.qlog == nil || a.proxy.qlog.path == "" {
-		a.log.Info("SIGHUP: nothing to reopen or reload; still serving")
+		a.eventLog.Info("SIGHUP: nothing to reopen or reload; still serving")
 		return
 	}
-	a.log.Info("SIGHUP: reopening the query log", "path", a.proxy.qlog.path)
+	a.eventLog.Info("SIGHUP: reopening the query log", "path", a.proxy.qlog.path)
 	a.proxy.qlog.reopen()
 }
 
