@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -162,5 +163,42 @@ func TestAttackIdleReservesStarveTheBusyInstance(t *testing.T) {
 	if got := admitted.Load(); got < want*9/10 {
 		t.Errorf("the busy instance sent %d of %d queries offered at %.0f/s, with the fleet's contract at %.0f/s and nobody else sending: %d refused",
 			got, want, offered, rate, want-got)
+	}
+}
+
+// TestAttackLoneInstanceBelowOneTokenASecondRefused: with a refill slower
+// than a lease's life (rate below about 1.1/s; the range goes down to
+// 0.001), a lone idle instance leases the bucket's one token as its
+// reserve, lets it expire unspent after 900 ms, and the bucket is empty
+// until the next refill: for about 1.1 s of every 2 the instance holds
+// nothing, and a query then is refused though the instance has sent
+// nothing for seconds. A local bucket of the same rate, idle, holds its
+// token all the time. Rate 0.5/s, burst 1: after 2.5 s idle, the lease is
+// watched every 50 ms for 4 s; the first time it is empty, one query is
+// asked for.
+func TestAttackLoneInstanceBelowOneTokenASecondRefused(t *testing.T) {
+	startRedis(t, "--port", "27641")
+	l, err := New(Config{URL: "redis://127.0.0.1:27641/0", Rate: 0.5, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	time.Sleep(2500 * time.Millisecond) // idle: a local bucket would be full by now
+	var seen strings.Builder
+	empty := 0
+	for range 80 {
+		time.Sleep(50 * time.Millisecond)
+		held := l.LeaseTokens()
+		fmt.Fprint(&seen, held)
+		if held == 0 {
+			empty++
+			if empty == 1 && !l.Allow(1) {
+				t.Errorf("a query after 2.5 s of idle refused, mode %v, calls %+v", l.Mode(), l.RedisCalls())
+			}
+		}
+	}
+	if empty > 0 {
+		t.Errorf("idle at 0.5/s, the lone instance held no token at %d of 80 looks 50 ms apart (%s); %d Redis calls in 6.5 s",
+			empty, seen.String(), l.begun.Load())
 	}
 }
