@@ -23,18 +23,19 @@ type redisTarget struct {
 // RedactURL returns raw with the password of its user information replaced
 // by "xxxxx", so it can be printed. It works on text that does not parse as
 // a URL too: a user information part without a colon is redacted whole,
-// since it may be a password alone.
+// since it may be a password alone. The user information runs to the last
+// '@', wherever it is: a password pasted without percent-encoding may hold
+// '/', '?' or '#' (base64 passwords hold '/'), and ending it at the first
+// of those found no '@' before it and printed the password whole
+// (TestAttackRedactURLPasswordWithReservedChars). An '@' in a path or a
+// query, which a Redis URL has no use for, redacts more than it must.
 func RedactURL(raw string) string {
 	rest, authStart := raw, 0
 	if i := strings.Index(raw, "://"); i >= 0 {
 		authStart = i + 3
 		rest = raw[authStart:]
 	}
-	authEnd := len(rest)
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authEnd = i
-	}
-	at := strings.LastIndexByte(rest[:authEnd], '@')
+	at := strings.LastIndexByte(rest, '@')
 	if at < 0 {
 		return raw
 	}

@@ -18,7 +18,8 @@ func TestRedactURL(t *testing.T) {
 		{"redis://u:hun@ter2@host:1/0", "redis://u:xxxxx@host:1/0"},
 		{"redis://u:hunter2@[::1/0", "redis://u:xxxxx@[::1/0"},
 		{"u:hunter2@host:6379", "u:xxxxx@host:6379"},
-		{"redis://host/path@x", "redis://host/path@x"},
+		{"redis://host/path@x", "redis://xxxxx@x"}, // an '@' past a '/' may end a password holding '/': redacted, to be safe
+		{"redis://default:Zm9v/YmFy@10.0.0.5:6379/0", "redis://default:xxxxx@10.0.0.5:6379/0"},
 		{"", ""},
 	}
 	for _, c := range cases {
