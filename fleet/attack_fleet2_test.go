@@ -23,7 +23,7 @@ import (
 // before it, and returns the URL whole.
 func TestAttackRedactURLPasswordWithReservedChars(t *testing.T) {
 	cases := []struct{ url, secret string }{
-		{"redis://:pa/ss@127.0.0.1:6379/0", "pa/ss"},
+		{"redis://:pa/sZq9@127.0.0.1:6379/0", "pa/sZq9"}, // a tail "ss" would match the error's own word "password"
 		{"redis://user:Zm9v/YmFy+cXV4==@10.0.0.5:6379/0", "Zm9v/YmFy+cXV4=="},
 		{"redis://:ab#cd@127.0.0.1:6379", "ab#cd"},
 		{"redis://:ab?cd@127.0.0.1:6379", "ab?cd"},
