@@ -10,8 +10,10 @@
 package fleet
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,6 +159,14 @@ func clientOptions(s settings) *redis.Options {
 	o.Protocol = 2
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	dial := redis.NewDialer(&o) // TCP, or TLS for rediss://, as the client would dial
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &respGuard{Conn: c}, nil // respguard.go: no reply sizes what the client allocates
+	}
 	return &o
 }
 
