@@ -1,36 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// lockedBuffer is a stderr the test reads while the writer writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // Lines logged through an asyncLog reach stderr in order, with the
 // logger's attributes, all of them by the time Close returns.
 func TestAsyncLogWritesInOrder(t *testing.T) {
-	out := &lockedBuffer{}
+	out := &syncBuffer{}
 	a, log := newAsyncLog(slog.New(slog.NewTextHandler(out, nil)))
 	l := log.With("upstream", "u1")
 	for i := range 10 {
