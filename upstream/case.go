@@ -31,19 +31,24 @@ import (
 //     copy), or "localhost. A" before any (RFC 6761: answered without
 //     leaving the resolver). Never the suspect's question: a client picks
 //     that one, and can pick a name whose authority never answers.
-//   - A probe waits W: probeRTTs times the quickest reply of the last
-//     minute or so, exact or in another case, at least minProbeWait, at
-//     most Timeout (Timeout/probeWaitShare as long as no reply was ever
-//     seen: no round-trip time is known). A mean reply time would not do: a
-//     client whose zone answers just before the timeout could raise it; the
-//     quickest reply cannot be raised by slow names, and a forged one can
-//     only lower it, shortening the window the forger gets. Replies in
-//     another case count because an upstream that never echoes case never
-//     gives an exact one: with W held at Timeout/probeWaitShare, one farther
-//     away than that (250 ms against the default 200) answered every probe
-//     late, each series ended as if it were silent, and 0x20 was never
-//     switched off: every query with a letter failed for good
-//     (TestAttackDistantUpstreamThatDoesNotEchoCaseIsFoundOut).
+//   - A probe waits W: probeRTTs times the quickest exact reply of the
+//     last minute or so, at least minProbeWait, at most Timeout. A mean
+//     reply time would not do: a client whose zone answers just before the
+//     timeout could raise it; the quickest exact reply can be neither
+//     raised by slow names nor lowered by forgery (it needs the case).
+//     With no exact reply known, W is probeRTTs times the quickest reply
+//     in another case, from Timeout/probeWaitShare to Timeout: an upstream
+//     that never echoes case never gives an exact reply, and with W held
+//     at Timeout/probeWaitShare one farther away than that (250 ms against
+//     the default 200) answered every probe late, each series ended as if
+//     it were silent, and 0x20 was never switched off: every query with a
+//     letter failed for good
+//     (TestAttackDistantUpstreamThatDoesNotEchoCaseIsFoundOut). A reply in
+//     another case can be forged, so it only lengthens W, never shortens
+//     it below Timeout/probeWaitShare, and never counts once an exact one
+//     is known: a forged quick one would end each probe before the
+//     upstream's exact reply came to overrule the forger's
+//     (TestAttackForgedFoldedReplySetsTheProbeWindow).
 //   - At the end of W the probe is judged. An exact reply in time proves
 //     the upstream echoes case, even if a case-changed one came first: the
 //     series ends and 0x20 stays on. A case-changed reply in time and no
@@ -107,7 +112,7 @@ type caseCheck struct {
 	probing    atomic.Bool  // a probe series is under way (or 0x20 is off: no more)
 	changed    atomic.Int32 // probes in a row answered case-changed; touched by one probe at a time
 	quickest   quickest     // the quickest exact replies, to bound a probe's wait
-	folded     quickest     // the quickest replies in another case, in time: the same, for an upstream that never echoes
+	folded     quickest     // the quickest replies in another case, in time: W while no exact one is known
 	mismatches atomic.Uint64
 	probes     atomic.Uint64
 	resends    atomic.Uint64

@@ -11,10 +11,11 @@ import (
 // The probe series that decides whether the upstream echoes case: the rules
 // and what they cost a spoofer are in case.go.
 
-// How long a probe waits: probeRTTs times the quickest reply, exact or in
-// another case, within [minProbeWait, Timeout]; Timeout/probeWaitShare
-// while no reply is known. The floor absorbs the scheduling of the socket's
-// reader.
+// How long a probe waits: probeRTTs times the quickest exact reply, within
+// [minProbeWait, Timeout]; while no exact reply is known, probeRTTs times
+// the quickest reply in another case, within [Timeout/probeWaitShare,
+// Timeout]; Timeout/probeWaitShare while no reply is known. The floor
+// absorbs the scheduling of the socket's reader.
 const (
 	probeRTTs       = 4
 	minProbeWait    = time.Millisecond
@@ -71,26 +72,21 @@ func (q *quickest) get() (time.Duration, bool) {
 }
 
 // probeWait is how long a probe waits for its reply, given the quickest
-// reply (known: whether there is one) and the query timeout.
-func probeWait(quick time.Duration, known bool, timeout time.Duration) time.Duration {
-	if !known {
-		return timeout / probeWaitShare
-	}
-	return min(max(probeRTTs*quick, minProbeWait), timeout)
-}
-
-// quickestReply returns the quickest reply of the last periods, exact or in
-// another case, and whether there is one.
-func (c *caseCheck) quickestReply() (time.Duration, bool) {
-	e, eok := c.quickest.get()
-	f, fok := c.folded.get()
+// exact reply (exactOK: whether there is one), the quickest reply in
+// another case (foldedOK: the same) and the query timeout. An exact reply
+// needs the case, so no forger can lower it; a reply in another case can
+// be forged, so it may only lengthen the wait past a tenth of the timeout,
+// never shorten it: a forged one, quick, would end each probe before the
+// upstream's exact reply came to overrule the forger's
+// (TestAttackForgedFoldedReplySetsTheProbeWindow).
+func probeWait(exact time.Duration, exactOK bool, folded time.Duration, foldedOK bool, timeout time.Duration) time.Duration {
 	switch {
-	case eok && fok:
-		return min(e, f), true
-	case fok:
-		return f, true
+	case exactOK:
+		return min(max(probeRTTs*exact, minProbeWait), timeout)
+	case foldedOK:
+		return min(max(probeRTTs*folded, timeout/probeWaitShare), timeout)
 	}
-	return e, eok
+	return timeout / probeWaitShare
 }
 
 // startProbe starts a probe series, unless one is under way.
@@ -124,9 +120,10 @@ func (u *Upstream) sendProbe(query []byte) {
 		u.cases.probing.Store(false)
 		return
 	}
-	quick, known := u.cases.quickestReply()
+	exact, exactOK := u.cases.quickest.get()
+	folded, foldedOK := u.cases.folded.get()
 	now := time.Now()
-	c := newCall(u, query, qend, u.probeDone, now, now.Add(probeWait(quick, known, u.cfg.Timeout)))
+	c := newCall(u, query, qend, u.probeDone, now, now.Add(probeWait(exact, exactOK, folded, foldedOK, u.cfg.Timeout)))
 	c.probe = true
 	u.cases.probes.Add(1)
 	u.sendUDP(c, now)

@@ -10,27 +10,36 @@ import (
 	"dnsproxi/internal/wire"
 )
 
-// A probe waits a few of the quickest replies, within a floor and the
-// timeout; a tenth of the timeout while no reply was ever seen.
+// A probe waits a few of the quickest exact replies, from a floor to the
+// timeout; without one, a few of the quickest replies in another case, from
+// a tenth of the timeout (a forged one cannot shorten it) to the timeout;
+// without either, a tenth of the timeout.
 func TestProbeWait(t *testing.T) {
+	const ms = time.Millisecond
 	for _, tt := range []struct {
-		name    string
-		quick   time.Duration
-		known   bool
-		timeout time.Duration
-		want    time.Duration
+		name          string
+		exact         time.Duration
+		exactOK       bool
+		folded        time.Duration
+		foldedOK      bool
+		timeout, want time.Duration
 	}{
-		{"no reply yet: a tenth of the timeout", 0, false, 2 * time.Second, 200 * time.Millisecond},
-		{"loopback: the floor", 50 * time.Microsecond, true, 2 * time.Second, time.Millisecond},
-		{"a LAN resolver: four round trips", 2 * time.Millisecond, true, 2 * time.Second, 8 * time.Millisecond},
-		{"a far resolver: four round trips, past a tenth of the timeout", 80 * time.Millisecond, true, 2 * time.Second, 320 * time.Millisecond},
-		{"a resolver farther than a quarter of the timeout: the timeout", 800 * time.Millisecond, true, 2 * time.Second, 2 * time.Second},
-		{"a short timeout: the floor", 50 * time.Microsecond, true, 5 * time.Millisecond, time.Millisecond},
-		{"a timeout below the floor: the timeout", 50 * time.Microsecond, true, 500 * time.Microsecond, 500 * time.Microsecond},
+		{"no reply yet: a tenth of the timeout", 0, false, 0, false, 2000 * ms, 200 * ms},
+		{"loopback: the floor", 50 * time.Microsecond, true, 0, false, 2000 * ms, ms},
+		{"a LAN resolver: four round trips", 2 * ms, true, 0, false, 2000 * ms, 8 * ms},
+		{"a far resolver: four round trips, past a tenth of the timeout", 80 * ms, true, 0, false, 2000 * ms, 320 * ms},
+		{"a resolver farther than a quarter of the timeout: the timeout", 800 * ms, true, 0, false, 2000 * ms, 2000 * ms},
+		{"a short timeout: the floor", 50 * time.Microsecond, true, 0, false, 5 * ms, ms},
+		{"a timeout below the floor: the timeout", 50 * time.Microsecond, true, 0, false, 500 * time.Microsecond, 500 * time.Microsecond},
+		{"exact known: a quicker reply in another case, maybe forged, changes nothing", 40 * ms, true, 100 * time.Microsecond, true, 1000 * ms, 160 * ms},
+		{"no exact reply, a far one that does not echo: four of its round trips", 0, false, 250 * ms, true, 2000 * ms, 1000 * ms},
+		{"no exact reply, a near one that does not echo: a tenth of the timeout", 0, false, 2 * ms, true, 2000 * ms, 200 * ms},
+		{"no exact reply, a forged quick one: still a tenth of the timeout", 0, false, 10 * time.Microsecond, true, 1000 * ms, 100 * ms},
+		{"no exact reply, one past a quarter of the timeout: the timeout", 0, false, 900 * ms, true, 2000 * ms, 2000 * ms},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := probeWait(tt.quick, tt.known, tt.timeout); got != tt.want {
-				t.Fatalf("probeWait(%v, %v, %v) = %v, want %v", tt.quick, tt.known, tt.timeout, got, tt.want)
+			if got := probeWait(tt.exact, tt.exactOK, tt.folded, tt.foldedOK, tt.timeout); got != tt.want {
+				t.Fatalf("probeWait(%v, %v, %v, %v, %v) = %v, want %v", tt.exact, tt.exactOK, tt.folded, tt.foldedOK, tt.timeout, got, tt.want)
 			}
 		})
 	}
