@@ -122,7 +122,7 @@ type queryLog struct {
 	once       sync.Once
 	log        *slog.Logger // through events: the writer and SIGHUP's reopen never wait for stderr
 	events     *asyncLog
-	torn       []byte // the rest of a line a write cut short, written first next time
+	torn       []byte // the rest of a line a write cut short, written first next time (to the same file only)
 
 	path string // the file's, reopened on SIGHUP; "" for stderr
 
@@ -362,6 +362,13 @@ func (l *queryLog) reopenFile() {
 	if err != nil {
 		l.log.Warn("query log: SIGHUP: cannot reopen; still writing to the file open before", "path", l.path, "err", err)
 		return
+	}
+	if len(l.torn) > 0 {
+		// The rest of a line a full disk cut belongs to the old file: one
+		// last try there, then it is given up. In the new file it would
+		// begin with half a line (TestAttackQueryLogTornTailCrossesARotation).
+		l.out.Write(l.torn)
+		l.torn = l.torn[:0]
 	}
 	l.file.Close()
 	l.file, l.out = f, f
