@@ -115,6 +115,21 @@ func (s *lease) heldAfter(t time.Time) int64 {
 	return min(s.tokens.Load(), live)
 }
 
+// unspentBy is what the blocks expiring by t still hold: the tokens in hand
+// beyond the sizes of the blocks that outlive t (spending is taken to be
+// oldest first), at most the expiring blocks' sizes.
+func (s *lease) unspentBy(t time.Time) int64 {
+	var live, dying int64
+	for _, b := range s.blocks {
+		if b.expires.After(t) {
+			live += b.size
+		} else {
+			dying += b.size
+		}
+	}
+	return min(max(s.tokens.Load()-live, 0), dying)
+}
+
 // nextExpiry is when the oldest live block expires; ok is false with none.
 func (s *lease) nextExpiry() (t time.Time, ok bool) {
 	if len(s.blocks) == 0 {

@@ -10,10 +10,8 @@
 package fleet
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,8 +141,9 @@ func newLimiter(c Config) (*Limiter, error) {
 	return l, nil
 }
 
-// clientOptions fixes every timeout of the client to the configured one and
-// turns off what would add calls or waits the limiter did not ask for.
+// clientOptions fixes every timeout of the client to the configured one,
+// turns off what would add calls or waits the limiter did not ask for, and
+// reads every connection through a guard on the replies' sizes.
 func clientOptions(s settings) *redis.Options {
 	o := *s.server.options
 	o.DialTimeout = s.Timeout
@@ -159,14 +158,7 @@ func clientOptions(s settings) *redis.Options {
 	o.Protocol = 2
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	dial := redis.NewDialer(&o) // TCP, or TLS for rediss://, as the client would dial
-	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &respGuard{Conn: c}, nil // respguard.go: no reply sizes what the client allocates
-	}
+	o.Dialer = guardDialer(redis.NewDialer(&o)) // no reply sized by a header above a small cap (resp.go)
 	return &o
 }
 

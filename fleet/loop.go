@@ -25,15 +25,22 @@ package fleet
 //     round trip and the goroutine's lag: about 100 ms on a busy machine).
 //     With the rate far above the load (the reserve at 1e7/s is 100,000
 //     tokens, 2 s of 50,000/s) the lease runs dry only for a goroutine late
-//     by about a second. It costs little:
-//     the fleet's idle reserves together take at most reserveSpan of the
-//     rate per lease, about 1.25% of it, and only what the bucket holds.
+//     by about a second. It costs the rate nothing: an instance that spent
+//     nothing since its last call gives back, in the call that renews it,
+//     what its expiring blocks still hold (what it spends of them while the
+//     call runs is charged to its next call), so the same tokens are leased
+//     again rather than new ones, and the bucket's refill goes to the
+//     instances that spend it. (Only a full bucket loses what comes back.)
 //   - A block about to expire (within expiryMargin) counts as gone: the next
 //     is asked for while it can still be spent. A goroutine that runs later
 //     than that asks before it cuts the expired block, never after.
 //   - Calls are at least minGap apart, so an instance makes at most
 //     1 s / minGap calls a second whatever its demand or its luck; with no
-//     demand, one a second keeps the membership fresh.
+//     demand, one a second keeps the membership fresh, and the reserve's
+//     renewal adds one per leaseLife less expiryMargin (800 ms). An idle
+//     instance that asked for its reserve and got nothing (the bucket was
+//     empty) asks again a second later, or at once when a query comes: not
+//     every minGap.
 //   - In local mode, one call a second (asking for a block) is the health
 //     check; the first answer returns the instance to shared mode.
 
@@ -90,6 +97,7 @@ type loopState struct {
 	block       int64     // the size of the next block to ask for
 	maxBlock    int64
 	everShared  bool
+	starved     bool // the last call asked, was granted nothing, and nothing was wanted since the call before
 	switches    atomic.Uint64
 	hasReported bool
 
@@ -173,7 +181,8 @@ func (l *Limiter) step(now time.Time) time.Duration {
 	s.demand += l.lease.spent() + unmet
 	s.unmet += unmet
 	since := now.Sub(s.lastCall)
-	if since >= checkInterval || (!local && l.short(now) && since >= minGap) {
+	pace := !s.starved || s.demand > 0 // an idle instance refused its reserve does not poll
+	if since >= checkInterval || (!local && pace && l.short(now) && since >= minGap) {
 		_ = l.call(now) // a failure is reported through the switch
 		now = l.now()
 	}
@@ -182,7 +191,7 @@ func (l *Limiter) step(now time.Time) time.Duration {
 	// dry for the call's round trip. (short counts an expired block as gone.)
 	l.lease.expire(now)
 	due := s.lastCall.Add(checkInterval)
-	if Mode(l.mode.Load()) == ModeShared && l.short(now) {
+	if Mode(l.mode.Load()) == ModeShared && (!s.starved || s.demand > 0) && l.short(now) {
 		due = s.lastCall.Add(minGap)
 	}
 	if t, ok := l.lease.nextExpiry(); ok {
@@ -206,6 +215,7 @@ func (l *Limiter) short(now time.Time) bool {
 // why Redis did not answer, the password redacted.
 func (l *Limiter) call(now time.Time) error {
 	s := &l.loop
+	idle := s.demand == 0 && s.unmet == 0
 	s.sizeBlock(now, l.s.reserve(int(l.fleet.Load())))
 	l.asking.Store(false) // from here on, a new shortage wakes the goroutine again
 	want := int64(0)
@@ -215,18 +225,34 @@ func (l *Limiter) call(now time.Time) error {
 	s.lastCall = now
 
 	debt := l.spentLocal.Swap(0)
+	// An idle instance gives back what its expiring blocks still hold, and
+	// cuts them after the call.
+	margin := now.Add(expiryMargin)
+	returned := int64(0)
+	if idle && Mode(l.mode.Load()) == ModeShared {
+		returned = l.lease.unspentBy(margin)
+	}
 
 	l.begun.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
-	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, debt)
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, debt, returned)
 	cancel()
 	l.calls[classify(err)].Add(1)
+	if returned > 0 {
+		// Cut whether Redis answered or not: a call that ran past the
+		// timeout may have given them back. What Allow took of them while
+		// the call ran was spent and given back: the next call charges it.
+		if spent := returned - l.lease.expire(margin); spent > 0 {
+			l.spentLocal.Add(spent)
+		}
+	}
 	if err != nil {
 		l.spentLocal.Add(debt) // not charged: the next call that reaches Redis carries it
 		err = l.redisError(err)
 		l.toLocal(err)
 		return err
 	}
+	s.starved = want > 0 && reply.granted == 0 && idle
 	l.fleet.Store(int64(reply.instances))
 	s.seen(int64(reply.instances), now)
 	l.lease.low.Store((s.block + 1) / 2)

@@ -39,13 +39,14 @@ import (
 
 // leaseScript grants up to ARGV[3] tokens and refreshes the caller's membership.
 // KEYS: bucket hash, members sorted set. ARGV: rate, burst, want, member id,
-// membership life in milliseconds, debt. Returns {granted, members}.
+// membership life in milliseconds, debt, returned. Returns {granted, members}.
 var leaseScript = redis.NewScript(`
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local life_ms = tonumber(ARGV[5])
 local debt = tonumber(ARGV[6]) or 0
+local returned = tonumber(ARGV[7]) or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZADD', KEYS[2], string.format('%.0f', now + life_ms * 1000), ARGV[4])
@@ -66,6 +67,9 @@ if tokens > burst then
 end
 if debt > 0 then
   tokens = math.max(0, tokens - debt)
+end
+if returned > 0 then
+  tokens = math.min(burst, tokens + returned)
 end
 local granted = 0
 if want > 0 and tokens >= 1 then
@@ -96,10 +100,11 @@ type leaseReply struct {
 }
 
 // callLease runs the script once, asking for want tokens (0 only refreshes
-// the membership) and charging debt tokens spent locally, bounded by ctx.
-func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, debt int64) (leaseReply, error) {
+// the membership), charging debt tokens spent locally and giving back
+// returned unspent tokens, bounded by ctx.
+func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, debt, returned int64) (leaseReply, error) {
 	vals, err := leaseScript.Run(ctx, rdb, keys,
-		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(), max(debt, 0)).Int64Slice()
+		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(), max(debt, 0), max(returned, 0)).Int64Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}

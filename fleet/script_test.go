@@ -33,7 +33,7 @@ func TestLeaseScriptGrants(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", 0)
+			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func TestLeaseScriptDividesTheBucket(t *testing.T) {
 	}
 	for i, s := range steps {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, 0)
+		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, 0, 0)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestLeaseScriptConcurrentCallers(t *testing.T) {
 		wg.Go(func() {
 			for range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), 0)
+				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), 0, 0)
 				cancel()
 				if err != nil {
 					errs <- err
@@ -136,7 +136,7 @@ func TestLeaseScriptMembership(t *testing.T) {
 	defer cancel()
 	lease := func(member string) int {
 		t.Helper()
-		got, err := callLease(ctx, c, keys, 100, 100, 0, member, 0)
+		got, err := callLease(ctx, c, keys, 100, 100, 0, member, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestLeaseScriptKeys(t *testing.T) {
 	keys := fleetKeys("tagged")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", 0); err != nil {
+	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	all, err := c.Keys(ctx, "*").Result()
@@ -210,7 +210,7 @@ func TestLeaseScriptClockBack(t *testing.T) {
 	if err := c.HSet(ctx, keys[0], "tokens", "0", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", 0); err != nil || got.granted != 0 {
+	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", 0, 0); err != nil || got.granted != 0 {
 		t.Fatalf("first call after the step back: %+v, %v; want nothing granted, nothing earned", got, err)
 	}
 	stamp, err := c.HGet(ctx, keys[0], "ts").Int64()
@@ -239,12 +239,39 @@ func TestLeaseScriptDebt(t *testing.T) {
 		{want: 5, debt: 1000, granted: 0}, // empty, and not below: a debt larger than the bucket is not carried
 	}
 	for i, s := range steps {
-		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt)
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt, 0)
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (want %d, debt %d): %+v, %v; want %d granted", i, s.want, s.debt, got, err, s.granted)
 		}
 	}
 	if tokens, err := c.HGet(ctx, keys[0], "tokens").Float64(); err != nil || tokens < 0 || tokens > 1 {
 		t.Fatalf("bucket holds %v (%v) after a debt larger than it, want empty, not below", tokens, err)
+	}
+}
+
+// TestLeaseScriptReturned: returned tokens go back into the bucket before
+// anything is granted, never above the burst, after the debt. At a rate of
+// 1 a second nothing refills meanwhile.
+func TestLeaseScriptReturned(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	keys := fleetKeys("returned")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	steps := []struct {
+		want, debt, returned, granted int64
+	}{
+		{want: 100, granted: 100},                    // a full bucket of 100, emptied
+		{want: 5, returned: 3, granted: 3},           // three back, three out again
+		{want: 50, returned: 40, granted: 40},        // forty back
+		{want: 0, returned: 500},                     // a full bucket is not overfilled
+		{want: 200, granted: 100},                    // the burst, not 540
+		{want: 10, debt: 5, returned: 5, granted: 5}, // the debt first (nothing to take), then the return
+	}
+	for i, s := range steps {
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt, s.returned)
+		if err != nil || got.granted != s.granted {
+			t.Fatalf("step %d (want %d, debt %d, returned %d): %+v, %v; want %d granted", i, s.want, s.debt, s.returned, got, err, s.granted)
+		}
 	}
 }

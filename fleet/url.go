@@ -23,12 +23,11 @@ type redisTarget struct {
 // RedactURL returns raw with the password of its user information replaced
 // by "xxxxx", so it can be printed. It works on text that does not parse as
 // a URL too: a user information part without a colon is redacted whole,
-// since it may be a password alone. The user information runs to the last
-// '@', wherever it is: a password pasted without percent-encoding may hold
-// '/', '?' or '#' (base64 passwords hold '/'), and ending it at the first
-// of those found no '@' before it and printed the password whole
-// (TestAttackRedactURLPasswordWithReservedChars). An '@' in a path or a
-// query, which a Redis URL has no use for, redacts more than it must.
+// since it may be a password alone, and the user information ends at the
+// last '@' of the text, not at the first '/', '?' or '#': a password that
+// was not percent-encoded may hold those (a base64 one holds '/'). A URL New
+// accepts has no '@' after its host (its path is a database number, it has
+// no query), so only a URL refused anyway can show less than it might.
 func RedactURL(raw string) string {
 	rest, authStart := raw, 0
 	if i := strings.Index(raw, "://"); i >= 0 {

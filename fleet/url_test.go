@@ -18,8 +18,12 @@ func TestRedactURL(t *testing.T) {
 		{"redis://u:hun@ter2@host:1/0", "redis://u:xxxxx@host:1/0"},
 		{"redis://u:hunter2@[::1/0", "redis://u:xxxxx@[::1/0"},
 		{"u:hunter2@host:6379", "u:xxxxx@host:6379"},
-		{"redis://host/path@x", "redis://xxxxx@x"}, // an '@' past a '/' may end a password holding '/': redacted, to be safe
-		{"redis://default:Zm9v/YmFy@10.0.0.5:6379/0", "redis://default:xxxxx@10.0.0.5:6379/0"},
+		// "host/path" may be a password alone holding '/': the text up to
+		// the last '@' is hidden (no URL New accepts has an '@' after its host).
+		{"redis://host/path@x", "redis://xxxxx@x"},
+		{"redis://u:pa/ss@host/0", "redis://u:xxxxx@host/0"},
+		{"redis://:a#b?c/d@host:1", "redis://:xxxxx@host:1"},
+		{"redis://u:p@ss/w?rd@host/0", "redis://u:xxxxx@host/0"},
 		{"", ""},
 	}
 	for _, c := range cases {
