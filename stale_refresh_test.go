@@ -39,6 +39,10 @@ func TestFailedRefreshDoesNotMarkTheFreshAnswer(t *testing.T) {
 	got := askWhileStaleWaits(t, a, clock)
 	clock.Advance(1800 * time.Millisecond)
 	staleAfterTimer(t, got)
+	// The first refresh must be the one held: the stale-wait timer is armed
+	// before its query reaches the upstream, and under load the query
+	// below could reach the script first and be held itself (as CI saw).
+	waitFor(t, "the first refresh to reach the upstream", func() bool { return calls.Load() >= 1 })
 	// The next query refreshes on its own and gets the fresh answer (over
 	// TCP: the fake upstream answers UDP in turn, and the first is held).
 	q2 := query("www.example.com", dns.TypeA)
