@@ -60,31 +60,11 @@ func (w *fullDiskWriter) text() string {
 func TestAttackQueryLogDiskFullTearsALine(t *testing.T) {
 	w := &fullDiskWriter{room: 1000} // several lines and a half
 	l := newQueryLog(w, nil, 1, 1024, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	b, _ := query("www.example.com", dns.TypeA).Pack()
-	add := func(n int) {
-		for range n {
-			l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "127.0.0.1:53")
-		}
-	}
-	settled := func(total uint64) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			written, dropped := l.stats()
-			if written+dropped == total {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d written + %d dropped, want %d within 5s", written, dropped, total)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	add(20)
-	settled(20)
+	addLines(l, 20)
+	settledAt(t, l, 20)
 	w.free(1 << 20) // the operator makes room
-	add(20)
-	settled(40)
+	addLines(l, 20)
+	settledAt(t, l, 40)
 	closeQueryLog(t, l)
 
 	text := w.text()
@@ -145,5 +125,29 @@ func TestAttackStalledStderrStopsTheQueryLogFile(t *testing.T) {
 			t.Fatalf("3 s after a SIGHUP with stderr stalled, %d of 10 lines written to the file (%d dropped): the writer is held by its log line on stderr", written, dropped)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// addLines logs n lines of one forwarded query to l.
+func addLines(l *queryLog, n int) {
+	b, _ := query("www.example.com", dns.TypeA).Pack()
+	for range n {
+		l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "127.0.0.1:53")
+	}
+}
+
+// settledAt waits until l has counted total lines, written or dropped.
+func settledAt(t *testing.T, l *queryLog, total uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		written, dropped := l.stats()
+		if written+dropped == total {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d written + %d dropped, want %d within 5s", written, dropped, total)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

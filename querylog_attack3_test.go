@@ -3,16 +3,10 @@ package main
 import (
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/miekg/dns"
-
-	"dnsproxi/metrics"
 )
 
 // TestAttackQueryLogTornTailCrossesARotation: a write that meets a full
@@ -32,28 +26,8 @@ func TestAttackQueryLogTornTailCrossesARotation(t *testing.T) {
 	}
 	w := &fullDiskWriter{room: 1000} // several lines and a half, then ENOSPC
 	l := newQueryLog(w, f, 1, 1024, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	b, _ := query("www.example.com", dns.TypeA).Pack()
-	add := func(n int) {
-		for range n {
-			l.add(time.Now(), time.Millisecond, netip.MustParseAddrPort("127.0.0.1:5353"), b[12:], metrics.Forwarded, dns.RcodeSuccess, "127.0.0.1:53")
-		}
-	}
-	settled := func(total uint64) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			written, dropped := l.stats()
-			if written+dropped == total {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d written + %d dropped, want %d within 5s", written, dropped, total)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	add(20)
-	settled(20)
+	addLines(l, 20)
+	settledAt(t, l, 20)
 	if !strings.HasSuffix(w.text(), "}\n") {
 		t.Logf("the full disk cut a line: the old file ends %q", w.text()[max(0, len(w.text())-40):])
 	}
@@ -62,8 +36,8 @@ func TestAttackQueryLogTornTailCrossesARotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.reopen()
-	add(5)
-	settled(25)
+	addLines(l, 5)
+	settledAt(t, l, 25)
 	closeQueryLog(t, l)
 
 	data, err := os.ReadFile(path)
