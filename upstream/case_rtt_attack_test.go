@@ -11,12 +11,17 @@ import (
 	"github.com/miekg/dns"
 )
 
-// delayedLowerCaseServer is an upstream on 127.0.0.1 that does not echo
-// case (it answers with the name lower-cased, as some resolvers do) and
-// whose replies take rtt to come back, as from a resolver farther away.
-func delayedLowerCaseServer(t *testing.T, port int, rtt time.Duration) string {
+// timedReply is a datagram a test upstream sends, after its delay.
+type timedReply struct {
+	b     []byte
+	after time.Duration
+}
+
+// udpReplier is an upstream on 127.0.0.1 (any port) that sends each query
+// the replies reply gives, each after its own delay, in order when no delay.
+func udpReplier(t *testing.T, reply func(req *dns.Msg) []timedReply) string {
 	t.Helper()
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,15 +37,37 @@ func delayedLowerCaseServer(t *testing.T, port int, rtt time.Duration) string {
 			if req.Unpack(buf[:n]) != nil || len(req.Question) != 1 {
 				continue
 			}
-			m := answer(req)
-			m.Question[0].Name = strings.ToLower(req.Question[0].Name)
-			b, _ := m.Pack()
-			wg.Add(1)
-			time.AfterFunc(rtt, func() { defer wg.Done(); conn.WriteToUDP(b, from) })
+			for _, r := range reply(req) {
+				if r.after == 0 {
+					conn.WriteToUDP(r.b, from)
+					continue
+				}
+				wg.Add(1)
+				time.AfterFunc(r.after, func() { defer wg.Done(); conn.WriteToUDP(r.b, from) })
+			}
 		}
 	})
 	t.Cleanup(func() { conn.Close(); wg.Wait() })
 	return conn.LocalAddr().String()
+}
+
+// caseChanged is req's answer with the question's name in another case:
+// lower-cased, as some resolvers answer, or upper-cased if that changes
+// nothing.
+func caseChanged(req *dns.Msg) []byte {
+	m := answer(req)
+	m.Question[0].Name = strings.ToLower(req.Question[0].Name)
+	if m.Question[0].Name == req.Question[0].Name {
+		m.Question[0].Name = strings.ToUpper(req.Question[0].Name)
+	}
+	b, _ := m.Pack()
+	return b
+}
+
+// delayedLowerCaseServer is an upstream that does not echo case and whose
+// replies take rtt to come back, as from a resolver farther away.
+func delayedLowerCaseServer(t *testing.T, rtt time.Duration) string {
+	return udpReplier(t, func(req *dns.Msg) []timedReply { return []timedReply{{caseChanged(req), rtt}} })
 }
 
 // An upstream that does not echo case is to be found out by three probes
@@ -54,7 +81,7 @@ func delayedLowerCaseServer(t *testing.T, port int, rtt time.Duration) string {
 // (DNS_UPSTREAM_TIMEOUT accepts 10ms to 30s) and an upstream 60 ms away.
 func TestAttackDistantUpstreamThatDoesNotEchoCaseIsFoundOut(t *testing.T) {
 	const rtt, timeout = 60 * time.Millisecond, 400 * time.Millisecond
-	addr := delayedLowerCaseServer(t, 27701, rtt)
+	addr := delayedLowerCaseServer(t, rtt)
 	u := newUpstream(t, Config{Addr: addr, Timeout: timeout, UDPSockets: 1})
 	failed := 0
 	const queries = 10
