@@ -64,9 +64,9 @@ type Config struct {
 	// The outbound limit (config_outbound.go), and the fleet's on Redis.
 	UpstreamRateLimit         RateLimit     `envconfig:"UPSTREAM_RATE_LIMIT" default:"off" desc:"outbound limit: every attempt sent to any upstream (first, retry, hedge) pays a token; rate or rate,burst as DNS_RATE_LIMIT; beyond it REFUSED (upstream_limited); off"`
 	UpstreamRateLimitRedis    RedisURL      `envconfig:"UPSTREAM_RATE_LIMIT_REDIS" desc:"makes DNS_UPSTREAM_RATE_LIMIT the fleet's total, shared on Redis by every dnsproxi naming it and the key: redis://[user:password@]host[:port][/db] or rediss://; needs DNS_UPSTREAM_RATE_LIMIT; unset: off"`
-	UpstreamRateLimitKey      string        `envconfig:"UPSTREAM_RATE_LIMIT_KEY" default:"dnsproxi" desc:"the fleet's shared bucket on Redis: instances naming the same Redis and key share one rate; no braces"`
-	UpstreamRateLimitTimeout  time.Duration `envconfig:"UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT" default:"50ms" min:"1ms" max:"1s" desc:"a Redis call that fails or takes longer switches the instance to its local share (the rate ÷ the instances last seen) until Redis answers again"`
-	UpstreamRateLimitFallback Fallback      `envconfig:"UPSTREAM_RATE_LIMIT_FALLBACK" desc:"queries per second an instance may send upstream before it has ever reached Redis, 0.001 up to the rate; unset: the whole rate"`
+	UpstreamRateLimitKey      string        `envconfig:"UPSTREAM_RATE_LIMIT_KEY" default:"dnsproxi" desc:"the fleet's shared bucket on Redis: instances naming the same Redis and key share one rate; no braces; needs DNS_UPSTREAM_RATE_LIMIT_REDIS"`
+	UpstreamRateLimitTimeout  time.Duration `envconfig:"UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT" default:"50ms" min:"1ms" max:"1s" desc:"a Redis call that fails or takes longer switches the instance to its local share (the rate ÷ the instances last seen) until Redis answers again; needs DNS_UPSTREAM_RATE_LIMIT_REDIS"`
+	UpstreamRateLimitFallback Fallback      `envconfig:"UPSTREAM_RATE_LIMIT_FALLBACK" desc:"queries per second an instance may send upstream before it has ever reached Redis, 0.001 up to the rate; unset: the whole rate; needs DNS_UPSTREAM_RATE_LIMIT_REDIS"`
 }
 
 // Variables whose rules involve another, named in their errors.

@@ -15,7 +15,12 @@ const (
 	keyOutboundRedis    = "DNS_UPSTREAM_RATE_LIMIT_REDIS"
 	keyOutboundKey      = "DNS_UPSTREAM_RATE_LIMIT_KEY"
 	keyOutboundFallback = "DNS_UPSTREAM_RATE_LIMIT_FALLBACK"
+	keyOutboundTimeout  = "DNS_UPSTREAM_RATE_LIMIT_REDIS_TIMEOUT"
 )
+
+// fleetOnlyVars tune the fleet's limit on Redis and nothing else: given
+// without DNS_UPSTREAM_RATE_LIMIT_REDIS they would be read and ignored.
+var fleetOnlyVars = []string{keyOutboundKey, keyOutboundTimeout, keyOutboundFallback}
 
 // RedisURL is DNS_UPSTREAM_RATE_LIMIT_REDIS, as it was given. Reading it
 // never fails, so that no generic error can quote its password:
@@ -59,6 +64,13 @@ func (f *Fallback) Decode(s string) error {
 func (c *Config) checkOutbound(given envText) error {
 	if strings.ContainsAny(c.UpstreamRateLimitKey, "{}") {
 		return fmt.Errorf("%s=%q: must not contain braces: dnsproxi wraps the key in a Redis Cluster hash tag", keyOutboundKey, given[keyOutboundKey])
+	}
+	if c.UpstreamRateLimitRedis == "" {
+		for _, key := range fleetOnlyVars {
+			if text, ok := given[key]; ok {
+				return fmt.Errorf("%s=%q: applies only to the fleet's limit on Redis, and %s is unset", key, text, keyOutboundRedis)
+			}
+		}
 	}
 	rate := c.UpstreamRateLimit.Rate
 	if f := float64(c.UpstreamRateLimitFallback); c.UpstreamRateLimit.On() && f > rate {

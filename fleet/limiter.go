@@ -128,14 +128,15 @@ func newLimiter(c Config) (*Limiter, error) {
 		return nil, err
 	}
 	silenceClient()
+	member := newMemberID()
 	l := &Limiter{
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 		s:      s,
 		rdb:    redis.NewClient(clientOptions(s)),
-		keys:   fleetKeys(s.Key),
-		member: newMemberID(),
+		keys:   callKeys(s.Key, member),
+		member: member,
 	}
 	l.loop.start(l, s.Clock.Now())
 	return l, nil

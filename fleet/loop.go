@@ -100,6 +100,10 @@ type loopState struct {
 	starved     bool // the last call asked, was granted nothing, and nothing was wanted since the call before
 	switches    atomic.Uint64
 	hasReported bool
+	// owed is what the next call settles: the local spending and the
+	// returns that no answered call has carried, and the totals for the
+	// ledger on Redis.
+	owed settlement
 
 	// The largest fleet seen lately, for a local share: right after Redis
 	// restarts empty (or loses its keys), the instances come back one by
@@ -224,7 +228,7 @@ func (l *Limiter) call(now time.Time) error {
 	}
 	s.lastCall = now
 
-	debt := l.spentLocal.Swap(0)
+	s.owed.add(l.spentLocal.Swap(0), 0)
 	// An idle instance gives back what its expiring blocks still hold, and
 	// cuts them after the call.
 	margin := now.Add(expiryMargin)
@@ -232,10 +236,11 @@ func (l *Limiter) call(now time.Time) error {
 	if idle && Mode(l.mode.Load()) == ModeShared {
 		returned = l.lease.unspentBy(margin)
 	}
+	s.owed.add(0, returned)
 
 	l.begun.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
-	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, debt, returned)
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, s.owed)
 	cancel()
 	l.calls[classify(err)].Add(1)
 	if returned > 0 {
@@ -247,11 +252,13 @@ func (l *Limiter) call(now time.Time) error {
 		}
 	}
 	if err != nil {
-		l.spentLocal.Add(debt) // not charged: the next call that reaches Redis carries it
+		// The call may have run on Redis or not: the next one carries the
+		// same debt and return again, and the ledger settles each once.
 		err = l.redisError(err)
 		l.toLocal(err)
 		return err
 	}
+	s.owed.debt, s.owed.returned = 0, 0 // settled
 	s.starved = want > 0 && reply.granted == 0 && idle
 	l.fleet.Store(int64(reply.instances))
 	s.seen(int64(reply.instances), now)

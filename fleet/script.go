@@ -23,9 +23,21 @@ package fleet
 //     below empty) before anything is granted: a Redis that paused, alive,
 //     refilled the bucket meanwhile, and the fleet would otherwise spend that
 //     refill on top of the local shares.
+//   - Debts and returns are settled once each, whatever became of the call
+//     that carried them: a call that ran on Redis but whose answer came
+//     after the timeout leaves its instance unsure, and the next call
+//     carries the same tokens again. Each instance keeps a ledger on Redis
+//     (its third key): the running totals of what it has owed and given
+//     back, as its calls that ran carried them. A call carries its own
+//     totals and what no answered call has carried yet; only the part of it
+//     the ledger has not seen comes off (or goes back into) the bucket, so
+//     the fleet never pays twice for one local spending.
 //
 // Every key carries the same hash tag ({key}), so on Redis Cluster the
-// script's keys share one slot. Instances configured with different rates
+// script's keys share one slot. Instances of an earlier version call their
+// own script (another SHA) on the same bucket and membership, without a
+// ledger: each version's calls keep their own accounting, and neither reads
+// what only the other writes. Instances configured with different rates
 // or bursts on one key fight: the latest caller's figures apply.
 
 import (
@@ -38,8 +50,10 @@ import (
 )
 
 // leaseScript grants up to ARGV[3] tokens and refreshes the caller's membership.
-// KEYS: bucket hash, members sorted set. ARGV: rate, burst, want, member id,
-// membership life in milliseconds, debt, returned. Returns {granted, members}.
+// KEYS: bucket hash, members sorted set, and (optional) the caller's ledger
+// hash. ARGV: rate, burst, want, member id, membership life in
+// milliseconds, debt and returned not yet settled, debt and returned in all,
+// ledger life in milliseconds. Returns {granted, members}.
 var leaseScript = redis.NewScript(`
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -47,6 +61,23 @@ local want = tonumber(ARGV[3])
 local life_ms = tonumber(ARGV[5])
 local debt = tonumber(ARGV[6]) or 0
 local returned = tonumber(ARGV[7]) or 0
+local debt_total = tonumber(ARGV[8])
+local returned_total = tonumber(ARGV[9])
+if KEYS[3] and debt_total and returned_total then
+  local seen = redis.call('HMGET', KEYS[3], 'debt', 'returned')
+  local seen_debt = tonumber(seen[1])
+  local seen_returned = tonumber(seen[2])
+  if seen_debt and seen_returned then
+    debt = math.min(debt, math.max(0, debt_total - seen_debt))
+    returned = math.min(returned, math.max(0, returned_total - seen_returned))
+    debt_total = math.max(debt_total, seen_debt)
+    returned_total = math.max(returned_total, seen_returned)
+  end
+  if debt_total > 0 or returned_total > 0 then
+    redis.call('HSET', KEYS[3], 'debt', string.format('%.0f', debt_total), 'returned', string.format('%.0f', returned_total))
+    redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[10]))
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZADD', KEYS[2], string.format('%.0f', now + life_ms * 1000), ARGV[4])
@@ -87,10 +118,23 @@ return {granted, members}
 // drops out, and a dead one stops counting within this.
 const membershipLife = 3 * time.Second
 
-// fleetKeys are the two keys the script touches, under one hash tag.
+// ledgerLife is how long an instance's ledger outlives its last call that
+// ran on Redis: far longer than any answer is late while the instance
+// still calls. A call that arrives later still than that finds no ledger
+// and settles what it carries, which its instance's later calls may have
+// settled already: at most that call's own debt, charged twice.
+const ledgerLife = time.Minute
+
+// fleetKeys are the bucket and the membership, under one hash tag.
 func fleetKeys(key string) []string {
 	tag := "{" + key + "}"
 	return []string{tag + ":bucket", tag + ":members"}
+}
+
+// callKeys are the keys one instance's calls touch: fleetKeys and its
+// ledger, under the same hash tag.
+func callKeys(key, member string) []string {
+	return append(fleetKeys(key), "{"+key+"}:ledger:"+member)
 }
 
 // leaseReply is what one call of the script returns.
@@ -99,12 +143,30 @@ type leaseReply struct {
 	instances int
 }
 
+// settlement is what a call settles with the bucket besides its grant: the
+// tokens its instance spent from its local share (debt) and the unspent
+// tokens it gave back (returned), each as what no answered call has carried
+// yet, and in all since the instance started. Without a ledger key the
+// script takes the first two as they are.
+type settlement struct {
+	debt, returned           int64 // not yet settled, as far as the instance knows
+	debtTotal, returnedTotal int64 // in all: the ledger settles only what it has not seen
+}
+
+// add counts debt more tokens spent locally and returned more given back.
+func (st *settlement) add(debt, returned int64) {
+	st.debt += debt
+	st.debtTotal += debt
+	st.returned += returned
+	st.returnedTotal += returned
+}
+
 // callLease runs the script once, asking for want tokens (0 only refreshes
-// the membership), charging debt tokens spent locally and giving back
-// returned unspent tokens, bounded by ctx.
-func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, debt, returned int64) (leaseReply, error) {
+// the membership) and settling st, bounded by ctx.
+func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, st settlement) (leaseReply, error) {
 	vals, err := leaseScript.Run(ctx, rdb, keys,
-		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(), max(debt, 0), max(returned, 0)).Int64Slice()
+		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(),
+		max(st.debt, 0), max(st.returned, 0), max(st.debtTotal, 0), max(st.returnedTotal, 0), ledgerLife.Milliseconds()).Int64Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}

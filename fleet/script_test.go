@@ -33,7 +33,7 @@ func TestLeaseScriptGrants(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", 0, 0)
+			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", settlement{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func TestLeaseScriptDividesTheBucket(t *testing.T) {
 	}
 	for i, s := range steps {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, 0, 0)
+		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, settlement{})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestLeaseScriptConcurrentCallers(t *testing.T) {
 		wg.Go(func() {
 			for range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), 0, 0)
+				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), settlement{})
 				cancel()
 				if err != nil {
 					errs <- err
@@ -136,7 +136,7 @@ func TestLeaseScriptMembership(t *testing.T) {
 	defer cancel()
 	lease := func(member string) int {
 		t.Helper()
-		got, err := callLease(ctx, c, keys, 100, 100, 0, member, 0, 0)
+		got, err := callLease(ctx, c, keys, 100, 100, 0, member, settlement{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,15 +170,15 @@ func TestLeaseScriptMembership(t *testing.T) {
 	}
 }
 
-// TestLeaseScriptKeys: the script touches only its two keys, both under one
-// hash tag, and both expire on their own.
+// TestLeaseScriptKeys: the script touches only its three keys, all under
+// one hash tag, and each expires on its own.
 func TestLeaseScriptKeys(t *testing.T) {
 	r := startRedis(t)
 	c := r.client()
-	keys := fleetKeys("tagged")
+	keys := callKeys("tagged", "a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", 0, 0); err != nil {
+	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", settlement{debt: 1, debtTotal: 1}); err != nil {
 		t.Fatal(err)
 	}
 	all, err := c.Keys(ctx, "*").Result()
@@ -186,7 +186,7 @@ func TestLeaseScriptKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(all)
-	if want := []string{"{tagged}:bucket", "{tagged}:members"}; !slices.Equal(all, want) {
+	if want := []string{"{tagged}:bucket", "{tagged}:ledger:a", "{tagged}:members"}; !slices.Equal(all, want) {
 		t.Fatalf("keys %q, want %q", all, want)
 	}
 	for _, k := range all {
@@ -210,7 +210,7 @@ func TestLeaseScriptClockBack(t *testing.T) {
 	if err := c.HSet(ctx, keys[0], "tokens", "0", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", 0, 0); err != nil || got.granted != 0 {
+	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", settlement{}); err != nil || got.granted != 0 {
 		t.Fatalf("first call after the step back: %+v, %v; want nothing granted, nothing earned", got, err)
 	}
 	stamp, err := c.HGet(ctx, keys[0], "ts").Int64()
@@ -239,7 +239,7 @@ func TestLeaseScriptDebt(t *testing.T) {
 		{want: 5, debt: 1000, granted: 0}, // empty, and not below: a debt larger than the bucket is not carried
 	}
 	for i, s := range steps {
-		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt, 0)
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt})
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (want %d, debt %d): %+v, %v; want %d granted", i, s.want, s.debt, got, err, s.granted)
 		}
@@ -269,9 +269,59 @@ func TestLeaseScriptReturned(t *testing.T) {
 		{want: 10, debt: 5, returned: 5, granted: 5}, // the debt first (nothing to take), then the return
 	}
 	for i, s := range steps {
-		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", s.debt, s.returned)
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt, returned: s.returned})
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (want %d, debt %d, returned %d): %+v, %v; want %d granted", i, s.want, s.debt, s.returned, got, err, s.granted)
 		}
+	}
+}
+
+// TestLeaseScriptLedger: with its ledger key, a call settles only the part
+// of its debt and return that the instance's earlier calls that ran have
+// not: a call carrying again what a call whose answer was lost carried
+// settles it once, and a late copy of an earlier call settles nothing. A
+// ledger gone (expired) takes what the call carries. At a rate of 1 a
+// second the bucket refills less than a token meanwhile.
+func TestLeaseScriptLedger(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	keys := callKeys("ledger", "a")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	steps := []struct {
+		name    string
+		st      settlement
+		want    int64
+		forget  bool    // the ledger expires before this call
+		granted int64   // want, here
+		left    float64 // tokens in the bucket after the call
+	}{
+		{name: "a full bucket, a debt of 10, 10 granted", st: settlement{debt: 10, debtTotal: 10}, want: 10, granted: 10, left: 980},
+		{name: "its answer lost: the same debt again and 20 more", st: settlement{debt: 30, debtTotal: 30}, left: 960},
+		{name: "a late copy of the first call", st: settlement{debt: 10, debtTotal: 10}, left: 960},
+		{name: "10 given back", st: settlement{returned: 10, debtTotal: 30, returnedTotal: 10}, left: 970},
+		{name: "its answer lost: the same 10 again and 5 more", st: settlement{returned: 15, debtTotal: 30, returnedTotal: 15}, left: 975},
+		{name: "a ledger gone takes the call as it is", st: settlement{debt: 5, returned: 8, debtTotal: 35, returnedTotal: 23}, forget: true, left: 978},
+		{name: "the next settles what is new", st: settlement{debt: 2, debtTotal: 37, returnedTotal: 23}, left: 976},
+		{name: "a late copy of the call before", st: settlement{debt: 5, returned: 8, debtTotal: 35, returnedTotal: 23}, left: 976},
+	}
+	for i, s := range steps {
+		if s.forget {
+			if err := c.Del(ctx, keys[2]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := callLease(ctx, c, keys, 1, 1000, s.want, "a", s.st)
+		if err != nil || got.granted != s.granted {
+			t.Fatalf("step %d (%s): %+v, %v; want %d granted", i, s.name, got, err, s.granted)
+		}
+		tokens, err := c.HGet(ctx, keys[0], "tokens").Float64()
+		if err != nil || tokens < s.left || tokens > s.left+1 {
+			t.Fatalf("step %d (%s): the bucket holds %v (%v), want %v", i, s.name, tokens, err, s.left)
+		}
+	}
+	ttl, err := c.PTTL(ctx, keys[2]).Result()
+	if err != nil || ttl <= 0 || ttl > ledgerLife {
+		t.Fatalf("the ledger's expiry is %v (%v), want at most %v", ttl, err, ledgerLife)
 	}
 }
