@@ -62,8 +62,8 @@ type upstreamAnswer struct {
 }
 
 // readUpstreamAnswer reads reply, an answer to the question q. It reports
-// false for a reply whose records cannot be walked or whose question is
-// not q's. Records after the OPT record (a TSIG or SIG(0) signs the
+// false for a reply whose records cannot be walked, whose question is not
+// q's, or whose rcode is about the proxy's own OPT (hopError). Records after the OPT record (a TSIG or SIG(0) signs the
 // upstream's hop and cannot be verified by the client) are left behind with
 // it: copying them would move whatever their compressed names point at.
 func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
@@ -89,10 +89,23 @@ func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
 	ua.flags, ua.an, ua.ns, ua.ar = wire.Flags(reply), sec.AN, sec.NS, sec.AR
 	ua.records = reply[qend:sec.End]
 	if sec.OPT.Present {
+		if hopError(sec.OPT.ExtRcode<<4 | int(ua.flags&0xF)) {
+			return ua, false
+		}
 		ua.ext, ua.ar = sec.OPT.ExtRcode, sec.AR-sec.AfterOPT
 		ua.records, ua.optData = reply[qend:sec.OPTStart], reply[sec.OPTData:sec.OPTEnd]
 	}
 	return ua, true
+}
+
+// hopError reports whether rcode is an error about the OPT record of the
+// query it answers: BADVERS (RFC 6891 §6.1.3) or BADCOOKIE (RFC 7873
+// §5.3). Upstream, that OPT is the proxy's own (version 0, no cookie), not
+// the client's: relayed, the error would tell the client its version or
+// cookie is wrong, which it cannot act on. Such a reply is no valid reply,
+// a failure like any other: another upstream, a stale answer or SERVFAIL.
+func hopError(rcode int) bool {
+	return rcode == dns.RcodeBadVers || rcode == dns.RcodeBadCookie
 }
 
 // appendFor appends wt's answer: its ID and question, the upstream's flags

@@ -35,6 +35,7 @@ type udpSocket struct {
 	writer *batchio.Writer
 	reader *batchio.Reader
 	done   chan struct{} // closed when the reader has stopped
+	stop   chan struct{} // closed by close: a reader's pause ends (readerr.go)
 
 	mu       sync.Mutex
 	pending  pending
@@ -71,7 +72,7 @@ func dialUDP(u *Upstream, raddr *net.UDPAddr, now time.Time) (*udpSocket, error)
 		conn.Close()
 		return nil, err
 	}
-	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), pending: make(pending),
+	s := &udpSocket{u: u, conn: conn, writer: w, reader: r, done: make(chan struct{}), stop: make(chan struct{}), pending: make(pending),
 		expires: now.Add(u.cfg.SocketLifetime)}
 	if u.cfg.Queries != nil {
 		u.cfg.Queries.Add(w)
@@ -107,6 +108,9 @@ func (s *udpSocket) port() int { return s.conn.LocalAddr().(*net.UDPAddr).Port }
 // close stops the socket and ends every query still waiting on it.
 func (s *udpSocket) close() {
 	s.mu.Lock()
+	if !s.closed {
+		close(s.stop)
+	}
 	s.closed = true
 	left := s.pending.takeAll(nil)
 	s.mu.Unlock()
@@ -246,16 +250,38 @@ func (s *udpSocket) takeSuspects(out []*call) []*call {
 	return s.pending.takeSuspects(out)
 }
 
-// read hands replies to their queries until the socket is closed.
+// read hands replies to their queries until the socket is closed. After a
+// read error it reads on at once, or pauses as readErrors says.
 func (s *udpSocket) read() {
 	defer close(s.done)
-	serve := func(n int) { s.serveReplies(n) }
+	took := false
+	serve := func(n int) {
+		took = true
+		s.serveReplies(n)
+	}
+	var errs readErrors
+	var pause *time.Timer
 	for {
+		took = false
 		err := s.reader.Serve(serve)
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
-		time.Sleep(time.Millisecond) // ICMP port unreachable and the like: the queries time out
+		d := errs.pause(err, took)
+		if d == 0 {
+			continue // an ICMP error, consumed by the read that reported it: the queries it was about time out
+		}
+		if pause == nil {
+			pause = time.NewTimer(d)
+		} else {
+			pause.Reset(d)
+		}
+		select {
+		case <-pause.C:
+		case <-s.stop:
+			pause.Stop()
+			return
+		}
 	}
 }
 
