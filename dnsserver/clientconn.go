@@ -12,19 +12,14 @@ import (
 	"github.com/miekg/dns"
 )
 
-// sendQueueBytes bounds, in bytes, the answers waiting to be sent on one
-// connection, the write under way included: room for two of the largest.
-// A client that lets more pile up is not reading, and is closed. In frames
-// the queue is bounded by TCPPipeline: an answer keeps its query's place in
-// the pipeline until it is written.
-const sendQueueBytes = 2 * (2 + dns.MaxMsgSize)
-
 // keepSendBuffer is the largest send buffer a connection keeps between
 // writes; a larger one, grown by a burst of big answers, goes back to the
 // garbage collector.
 const keepSendBuffer = 16 << 10
 
-// errSlowReader ends an answer that would overflow its connection's queue.
+// errSlowReader ends an answer that would overflow its connection's queue
+// (sendpool.go). In frames the queue is bounded by TCPPipeline: an answer
+// keeps its query's place in the pipeline until it is written.
 var errSlowReader = errors.New("dnsserver: client does not read its answers")
 
 // clientConn is one client's TCP connection. Its reader takes queries in
@@ -44,11 +39,12 @@ type clientConn struct {
 	// Set under the server's mu; read without it by the reader after arming.
 	evicted atomic.Bool // chosen to close for a new connection: not chosen again, and takes no query
 
-	mu     sync.Mutex
-	out    []byte // answers waiting for the writer, each with its length prefix
-	frames int    // how many answers are in out
-	queued int    // bytes in out and in the write under way
-	closed bool   // nothing more is sent; an answer handed in now is finished at once
+	mu       sync.Mutex
+	out      []byte // answers waiting for the writer, each with its length prefix
+	frames   int    // how many answers are in out
+	queued   int    // bytes in out and in the write under way
+	borrowed int    // bytes of queued beyond the share, taken from the server's pool
+	closed   bool   // nothing more is sent; an answer handed in now is finished at once
 }
 
 func newClientConn(s *Server, c *net.TCPConn) *clientConn {
@@ -71,7 +67,7 @@ func (cc *clientConn) enqueue(b []byte) error {
 		cc.answered(1)
 		return net.ErrClosed
 	}
-	if cc.queued+2+len(b) > sendQueueBytes {
+	if !cc.reserve(2 + len(b)) {
 		cc.mu.Unlock()
 		cc.close("tcp_slow_reader")
 		cc.answered(1)
@@ -110,6 +106,7 @@ func (cc *clientConn) send() {
 		_, err := cc.conn.Write(batch)
 		cc.mu.Lock()
 		cc.queued -= len(batch)
+		cc.settle()
 		cc.mu.Unlock()
 		if err != nil {
 			reason := "" // the client went away, or the connection was closed already
@@ -166,6 +163,7 @@ func (cc *clientConn) markClosed() (int, bool) {
 	cc.closed = true
 	n := cc.frames
 	cc.queued -= len(cc.out)
+	cc.settle()
 	cc.out, cc.frames = nil, 0
 	return n, true
 }

@@ -114,9 +114,16 @@ type Server struct {
 	// TCPPipeline bounds the queries awaiting an answer on one TCP
 	// connection, until the answer is written; the server stops reading it
 	// until one is (default 64). A connection that does not take its answers
-	// is closed: when they pile up beyond two of the largest size, or when a
-	// write to it takes 2s.
+	// is closed: when a write to it takes 2s, or when they pile up beyond
+	// what it may queue (two of the largest answers, and up to sixteen with
+	// room borrowed from TCPBurstBytes).
 	TCPPipeline int
+	// TCPBurstBytes bounds the answers all TCP connections together may
+	// queue beyond their own share of two of the largest each (default
+	// DefaultTCPBurstBytes, 4 MiB): room for a client that reads to have
+	// several large answers complete at once. The answers queued on TCP
+	// stay below MaxTCPConns × 131,074 bytes + TCPBurstBytes.
+	TCPBurstBytes int
 	// UDPSockets is how many UDP sockets share the port (SO_REUSEPORT), each
 	// with its own reader (default GOMAXPROCS; 1 where the system lacks it).
 	UDPSockets int
@@ -143,6 +150,7 @@ type Server struct {
 	unanswered atomic.Int64  // queries taken, not yet answered
 	connTokens chan struct{} // one token per open TCP connection
 	closing    atomic.Bool
+	burst      burstPool      // what the TCP connections may queue beyond their shares
 	wg         sync.WaitGroup // readers, connections and their writers
 	drained    atomic.Bool    // Shutdown has stopped every reader and waits for the last answer
 	idle       chan struct{}  // closed by the answer that brings unanswered to zero once drained
@@ -156,12 +164,13 @@ type Server struct {
 	lingers   sync.WaitGroup           // the graceful closes under way
 
 	// Test seams, nil or zero outside tests.
-	tcpWriteTimeout time.Duration // how long one write to a client may take; default writeTimeout
-	lingerTime      time.Duration // how long a graceful close may take; default defaultLingerTime
-	beforeArm       func()        // a connection's reader is about to arm its idle deadline
-	afterRead       func()        // a connection's reader has read a whole query, not yet taken it
-	afterWake       func()        // Shutdown has woken every connection's reader
-	beforeIdle      func()        // Shutdown waits for the last answer
+	tcpWriteTimeout time.Duration      // how long one write to a client may take; default writeTimeout
+	lingerTime      time.Duration      // how long a graceful close may take; default defaultLingerTime
+	beforeArm       func()             // a connection's reader is about to arm its idle deadline
+	afterRead       func()             // a connection's reader has read a whole query, not yet taken it
+	afterWake       func()             // Shutdown has woken every connection's reader
+	accepted        func(*net.TCPConn) // a client's connection is accepted, not yet served
+	beforeIdle      func()             // Shutdown waits for the last answer
 }
 
 // Start binds UDP and TCP on s.Addr and serves in the background. It returns
@@ -206,6 +215,10 @@ func (s *Server) setDefaults() {
 	if s.TCPPipeline <= 0 {
 		s.TCPPipeline = DefaultTCPPipeline
 	}
+	if s.TCPBurstBytes <= 0 {
+		s.TCPBurstBytes = DefaultTCPBurstBytes
+	}
+	s.burst.free.Store(int64(s.TCPBurstBytes))
 	if s.UDPSockets <= 0 {
 		s.UDPSockets = runtime.GOMAXPROCS(0)
 	}

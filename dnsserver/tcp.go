@@ -31,6 +31,9 @@ func (s *Server) serveTCP() {
 			c.Close()
 			continue
 		}
+		if s.accepted != nil {
+			s.accepted(c)
+		}
 		cc := newClientConn(s, c)
 		s.mu.Lock()
 		if s.closing.Load() {
