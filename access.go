@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"dnsproxi/dnsserver"
 	"dnsproxi/guard"
@@ -317,6 +318,18 @@ func (g *clientGates) of(q *dnsserver.Query) *guard.ClientLimiter {
 		return g.tcp
 	}
 	return g.udp
+}
+
+// entryGates asks q's client's bucket and the shared one (DNS_RATE_LIMIT)
+// for a token each, both or neither, at the reading now; either may be off.
+func (p *proxy) entryGates(q *dnsserver.Query, now time.Time) guard.Verdict {
+	if p.clients != nil {
+		return p.clients.of(q).AllowWithAt(now, q.Client.Addr(), p.limiter)
+	}
+	if p.limiter != nil && !p.limiter.AllowAt(now, 1) {
+		return guard.RefusedByShared
+	}
+	return guard.Admitted
 }
 
 // clientStats reads the per-client tables for /metrics, both together;

@@ -113,9 +113,10 @@ func TestClientExempt(t *testing.T) {
 			len(answers), outcomeTotal(a, "client_limited"), outcomeTotal(a, "rate_limited"))
 	}
 	answers = floodUDP(t, a, "127.0.0.3", 3, "forwarded", "client_limited", "rate_limited")
-	// Its first query passes its own bucket and finds the shared one empty.
-	if len(answers) != 0 || outcomeTotal(a, "client_limited") != 2 || outcomeTotal(a, "rate_limited") != 3 {
-		t.Fatalf("a client not exempt: %d answers, client_limited %d, rate_limited %d; want 0, 2, 3",
+	// Each of its queries passes its own bucket and finds the shared one
+	// empty, which takes nothing from its own: all three rate_limited.
+	if len(answers) != 0 || outcomeTotal(a, "client_limited") != 0 || outcomeTotal(a, "rate_limited") != 5 {
+		t.Fatalf("a client not exempt: %d answers, client_limited %d, rate_limited %d; want 0, 0, 5",
 			len(answers), outcomeTotal(a, "client_limited"), outcomeTotal(a, "rate_limited"))
 	}
 }
@@ -228,5 +229,35 @@ func TestClientTableMetrics(t *testing.T) {
 	}
 	if got := values["dnsproxi_client_table_evictions_total"]; got != 0 {
 		t.Errorf("client_table_evictions_total %v, want 0: no bucket was full again", got)
+	}
+}
+
+// A client refused by the shared bucket keeps its own token: under an
+// overload others caused (the shared bucket empty), a polite client's
+// refused queries are rate_limited and cost its share nothing, so when the
+// shared bucket has refilled it is answered, not counted client_limited
+// for tokens it never used. Per-client rate 1, burst 3; shared rate 10,
+// burst 5; 300ms later the shared bucket holds 3 tokens again, the
+// client's own would hold 0.3 had its refused queries spent it.
+func TestClientKeepsItsTokenWhenTheSharedBucketRefuses(t *testing.T) {
+	clock := guard.NewManualClock(time.Now())
+	a, _ := startProxyEnv(t, map[string]string{"DNS_RATE_LIMIT": "10,5", "DNS_CLIENT_RATE_LIMIT": "1,3"}, clock)
+	for i := range 5 { // five other clients take the shared burst
+		floodUDP(t, a, fmt.Sprintf("127.0.0.%d", 10+i), 1, "forwarded")
+	}
+	if answers := floodUDP(t, a, "127.0.0.2", 3, "rate_limited", "client_limited"); len(answers) != 0 {
+		t.Fatalf("the shared bucket is empty, yet the polite client got %d answers", len(answers))
+	}
+	if got := outcomeTotal(a, "client_limited"); got != 0 {
+		t.Fatalf("client_limited %d during the overload, want 0: the client stayed within its share", got)
+	}
+	clock.Advance(300 * time.Millisecond)
+	answers := floodUDP(t, a, "127.0.0.2", 3, "forwarded", "client_limited", "rate_limited")
+	if ok, _, _ := byRcode(answers); ok != 3 {
+		t.Fatalf("after the overload the polite client got %d answers of 3 (client_limited %d, rate_limited %d); want 3: its refused queries spent its share",
+			ok, outcomeTotal(a, "client_limited"), outcomeTotal(a, "rate_limited"))
+	}
+	if got := outcomeTotal(a, "client_limited"); got != 0 {
+		t.Fatalf("client_limited %d, want 0", got)
 	}
 }

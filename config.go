@@ -25,6 +25,7 @@ type Config struct {
 	// (from tcpConnsLowered) to fit the descriptor limit.
 	tcpConnsLowered int
 	descriptors     uint64
+	reserved        uint64 // the descriptors kept for everything else
 
 	Listen            string         `envconfig:"LISTEN" default:"127.0.0.1:5398" desc:"UDP and TCP listen address; port 0 takes a free port"`
 	Upstream          string         `envconfig:"UPSTREAM" desc:"upstream resolvers: host:port, port 1..65535, or a comma-separated list of 1 to 16; unset: the first nameserver of /etc/resolv.conf, port 53"`
@@ -160,7 +161,7 @@ func loadConfig() (Config, error) {
 		return cfg, err
 	}
 	text, _ := os.LookupEnv(keyTCPMaxConns)
-	return cfg, cfg.fitDescriptors(descriptorLimit(), strings.TrimSpace(text) != "")
+	return cfg, cfg.fitDescriptors(descriptorLimit(), udpListeners(), strings.TrimSpace(text) != "")
 }
 
 // readConfig is loadConfig with the environment and the resolver given.

@@ -13,9 +13,9 @@ import (
 // health checker need a few. Beyond it a new connection waits in the
 // kernel's backlog, holding none of the process's file descriptors, until
 // one closes. Without a bound, connections held open and idle there took
-// every descriptor, and accept failed for DNS over TCP as well. It is kept
-// well inside the 256 descriptors DNS_TCP_MAX_CONNS leaves for the
-// process's other sockets and files.
+// every descriptor, and accept failed for DNS over TCP as well. The
+// descriptors DNS_TCP_MAX_CONNS leaves for the process's other sockets and
+// files count these (descriptors.go).
 const maxMetricsConns = 64
 
 // metricsIdleTimeout closes a keep-alive connection to the metrics address

@@ -70,14 +70,16 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// 1. Entry gates: the client's own bucket first (one table for UDP,
 	// where addresses can be forged, one for TCP: access.go), so a
 	// flooder's excess never drains the bucket everyone shares; then the
-	// shared one. Beyond either, a UDP query gets what DNS_LIMIT_ACTION says
-	// (limits.go); a TCP query, whose source the handshake proved, REFUSED.
-	// Every query pays, well-formed or not.
-	if p.clients != nil && !p.clients.of(q).AllowAt(now, q.Client.Addr()) {
+	// shared one, whose refusal costs the client's bucket nothing (a token
+	// of each, or none: guard/clientshared.go). Beyond either, a UDP query
+	// gets what DNS_LIMIT_ACTION says (limits.go); a TCP query, whose
+	// source the handshake proved, REFUSED. Every query pays, well-formed
+	// or not.
+	switch p.entryGates(q, now) {
+	case guard.RefusedByClient:
 		p.count(qtype, metrics.ClientLimited, start, q, p.limited(w, q, edeClientLimit))
 		return
-	}
-	if p.limiter != nil && !p.limiter.AllowAt(now, 1) {
+	case guard.RefusedByShared:
 		p.count(qtype, metrics.RateLimited, start, q, p.limited(w, q, edeRateLimit))
 		return
 	}

@@ -182,7 +182,7 @@ func (l *ClientLimiter) Allow(addr netip.Addr) bool {
 	if l.exempt != nil && l.exempt.Contains(addr) {
 		return true
 	}
-	return l.allow(addr, l.now())
+	return l.allow(addr, l.now(), nil)
 }
 
 // AllowAt is Allow with the clock read by the caller, who may read it once
@@ -192,20 +192,22 @@ func (l *ClientLimiter) AllowAt(now time.Time, addr netip.Addr) bool {
 	if l.exempt != nil && l.exempt.Contains(addr) {
 		return true
 	}
-	return l.allow(addr, clampReading(now.Sub(l.epoch)))
+	return l.allow(addr, clampReading(now.Sub(l.epoch)), nil)
 }
 
-// allow is Allow at a reading in nanoseconds since the epoch.
-func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
+// allow is Allow at a reading in nanoseconds since the epoch. With st, a
+// token is taken from the client's bucket only once st admits too
+// (clientshared.go); nil: the client's bucket alone.
+func (l *ClientLimiter) allow(addr netip.Addr, now int64, st *sharedTake) bool {
 	k, ok := l.keyOf(addr)
 	if !ok {
 		l.shards[0].overflows.Add(1)
-		return l.allowOverflow(now)
+		return l.allowOverflow(now, st)
 	}
 	s, fp := l.shardOf(k)
 	g1, g2 := s.groupsOf(fp)
 	if sl := s.find(g1, g2, fp); sl != nil {
-		if ok, held := l.take(sl, fp, now); held {
+		if ok, held := l.take(sl, fp, now, st); held {
 			return ok
 		}
 	}
@@ -213,15 +215,15 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
 	// where no slot changes hands, look again and give it one if it has none.
 	s.mu.Lock()
 	if sl := s.find(g1, g2, fp); sl != nil {
-		ok, _ := l.take(sl, fp, now) // held: only the lock's holder gives slots away
+		ok, _ := l.take(sl, fp, now, st) // held: only the lock's holder gives slots away
 		s.mu.Unlock()
 		return ok
 	}
-	sl, ok := s.place(l, g1, g2, fp, now)
+	room, ok := s.place(l, g1, g2, fp, now, st)
 	s.mu.Unlock()
-	if sl == nil {
+	if !room {
 		s.overflows.Add(1)
-		return l.allowOverflow(now)
+		return l.allowOverflow(now, st)
 	}
 	return ok
 }
@@ -275,13 +277,14 @@ func mix(a, b uint64) uint64 {
 	return hi ^ lo
 }
 
-// allowOverflow takes a token from the shared overflow bucket. It needs no
-// lock: the bucket is one number, swapped only if no one changed it meanwhile.
-func (l *ClientLimiter) allowOverflow(now int64) bool {
+// allowOverflow takes a token from the shared overflow bucket, once st
+// admits too. It needs no lock: the bucket is one number, swapped only if no
+// one changed it meanwhile.
+func (l *ClientLimiter) allowOverflow(now int64, st *sharedTake) bool {
 	for {
 		tat := l.overflow.Load()
 		next, ok := l.admit(tat, now)
-		if !ok {
+		if !ok || !st.admit() {
 			return false
 		}
 		if l.overflow.CompareAndSwap(tat, next) {

@@ -168,7 +168,7 @@ func TestClientLimiterMatchesPreviousTable(t *testing.T) {
 				addr = netip.AddrFrom16([16]byte{0x20, 0x01, 0xd, 0xb8, 14: byte(p >> 8), 15: byte(p)})
 			}
 			want := ref.allow(addr, now)
-			if got := l.allow(addr, now); got != want {
+			if got := l.allow(addr, now, nil); got != want {
 				t.Fatalf("timeline %d (%+v, %d shards, %d ways) step %d: allow(%v, %d) = %v, previous table %v",
 					c, cfg, shards, ways, step, addr, now, got, want)
 			}
@@ -233,7 +233,7 @@ func TestClientLimiterBoundUnderRaces(t *testing.T) {
 					}
 					for v := hi[p].Load(); now > v && !hi[p].CompareAndSwap(v, now); v = hi[p].Load() {
 					}
-					if l.allow(netip.AddrFrom4([4]byte{127, 0, 4, byte(p)}), now) {
+					if l.allow(netip.AddrFrom4([4]byte{127, 0, 4, byte(p)}), now, nil) {
 						admitted[p].Add(1)
 					}
 				}
@@ -285,22 +285,22 @@ func TestClientLimiterStaleChecksDoNotStarveEviction(t *testing.T) {
 	for ; trials < 2000 && time.Now().Before(deadline); trials++ {
 		// One group of 8; a token per ns, a burst of 2^30 (about 1 s).
 		l := newClientLimiter(ClientLimiterConfig{Rate: 1e9, Burst: 1 << 30, TableSize: 8}, NewManualClock(t0), 1, clientWays)
-		l.allow(addr(0), 0) // p0: full again at 1 ns
+		l.allow(addr(0), 0, nil) // p0: full again at 1 ns
 		for i := 1; i < 8; i++ {
-			l.allow(addr(i), int64(500*time.Millisecond)) // the others: at 0.5 s
+			l.allow(addr(i), int64(500*time.Millisecond), nil) // the others: at 0.5 s
 		}
 		var stop, started atomic.Bool
 		hammered := make(chan struct{})
 		go func() {
 			defer close(hammered)
 			for n := 0; n < 1_000_000 && !stop.Load(); n++ { // at most 1 ms of p0's tokens: it stays the oldest
-				l.allow(addr(0), 0)
+				l.allow(addr(0), 0, nil)
 				started.Store(true)
 			}
 		}()
 		for !started.Load() && time.Now().Before(deadline) {
 		}
-		l.allow(addr(100), int64(time.Second))
+		l.allow(addr(100), int64(time.Second), nil)
 		held, evictions := l.holds(addr(100)), l.Evictions()
 		stop.Store(true)
 		select {

@@ -133,10 +133,11 @@ func (s *clientShard) find(g1, g2 int, fp uint64) *clientSlot {
 }
 
 // take takes a token from the bucket in sl, which held fp's bucket when
-// found, and reports whether it did. held is false, and nothing taken, when
-// sl no longer holds fp's bucket or is being given to a prefix: the caller
-// then looks again under the shard's lock. It takes no lock.
-func (l *ClientLimiter) take(sl *clientSlot, fp uint64, now int64) (ok, held bool) {
+// found, once st admits too, and reports whether it did. held is false, and
+// nothing taken, when sl no longer holds fp's bucket or is being given to a
+// prefix: the caller then looks again under the shard's lock. It takes no
+// lock of its own (st's bucket takes its mutex).
+func (l *ClientLimiter) take(sl *clientSlot, fp uint64, now int64, st *sharedTake) (ok, held bool) {
 	for {
 		tat := sl.tat.Load()
 		if tat == giving || sl.fp.Load() != fp {
@@ -149,6 +150,9 @@ func (l *ClientLimiter) take(sl *clientSlot, fp uint64, now int64) (ok, held boo
 			}
 			continue
 		}
+		if !st.admit() { // fp's bucket would admit; the shared one refuses
+			return false, true
+		}
 		if sl.tat.CompareAndSwap(tat, next) {
 			return true, true
 		}
@@ -157,19 +161,25 @@ func (l *ClientLimiter) take(sl *clientSlot, fp uint64, now int64) (ok, held boo
 }
 
 // place gives fp a slot in group g1 or g2, as the head comment says, and
-// takes a token from its new bucket. It returns the slot, or nil when there
-// is none to give. It requires that s.mu is held.
-func (s *clientShard) place(l *ClientLimiter, g1, g2 int, fp uint64, now int64) (sl *clientSlot, ok bool) {
+// takes a token from its new bucket once st admits too. room is false when
+// there is no slot to give. A query st refuses changes nothing: the empty
+// slot stays empty, the bucket chosen for eviction keeps its slot. It
+// requires that s.mu is held.
+func (s *clientShard) place(l *ClientLimiter, g1, g2 int, fp uint64, now int64, st *sharedTake) (room, ok bool) {
 	a, b := s.group(g1), s.group(g2)
+	var sl *clientSlot
 	if e1, e2 := empties(a), empties(b); e1 > 0 && e1 >= e2 {
 		sl = firstEmpty(a)
 	} else if e2 > 0 {
 		sl = firstEmpty(b)
 	}
 	if sl != nil {
+		if s.sharedRefuses(l, now, st) {
+			return true, false
+		}
 		s.size.Add(1)
 		sl.tat.Store(giving) // no check can hold it (fingerprint 0); this keeps it so
-		return sl, s.give(l, sl, fp, now)
+		return true, s.give(l, sl, fp, now)
 	}
 	// Evict. A check may take a token from the chosen bucket meanwhile, so
 	// the slot is marked giving first and its tat seen as it was then: still
@@ -186,18 +196,30 @@ func (s *clientShard) place(l *ClientLimiter, g1, g2 int, fp uint64, now int64) 
 			victim = v
 		}
 		if victim == nil {
-			return nil, false
+			return false, false
 		}
 		tat := victim.tat.Swap(giving)
-		if tat > now {
-			victim.tat.Store(tat)
-			continue
+		if tat > now || s.sharedRefuses(l, now, st) {
+			victim.tat.Store(tat) // put back as it was, as for a busy bucket
+			if tat > now {
+				continue
+			}
+			return true, false
 		}
 		s.floor = max(s.floor, tat)
 		s.evictions.Add(1)
-		return victim, s.give(l, victim, fp, now)
+		return true, s.give(l, victim, fp, now)
 	}
-	return nil, false
+	return false, false
+}
+
+// sharedRefuses reports whether st refuses a query that a new bucket, given
+// a slot at now, would admit: then no slot is given. (The floor a victim
+// raises is at most now, so start is the same before and after an eviction.)
+// It requires that s.mu is held.
+func (s *clientShard) sharedRefuses(l *ClientLimiter, now int64, st *sharedTake) bool {
+	_, ok := l.admit(max(now, s.floor), now)
+	return ok && !st.admit()
 }
 
 // give hands sl, marked giving, to fp with a full bucket, full from now or

@@ -165,8 +165,12 @@ func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
 func (b *TokenBucket) Take(ctx context.Context) error { return b.WaitN(ctx, 1) }
 
 // giveBack returns tokens taken by a WaitN that did not go through.
-func (b *TokenBucket) giveBack(n float64) {
-	now := b.now()
+func (b *TokenBucket) giveBack(n float64) { b.giveBackAt(b.now(), n) }
+
+// giveBackAt returns n tokens taken and not used, at the reading now: the
+// balance is capped at the burst, so a token given back after the bucket
+// refilled over it leaves the bucket as if it had never been taken.
+func (b *TokenBucket) giveBackAt(now time.Time, n float64) {
 	b.mu.Lock()
 	b.refill(now)
 	b.tokens = min(b.tokens+n, b.burst)
