@@ -52,12 +52,25 @@ func (p *proxy) refusedFromCache(f *flight) bool {
 	if p.cache == nil || !f.cached.refresh {
 		return false
 	}
+	stale := f.cached.fallback.Stale()
+	if stale && !p.cache.servable(f.cached.fallback) {
+		return false // past the window since f's lookup: the refusal's own answer
+	}
 	p.cache.refreshes.Count(metrics.RefreshRefused)
-	if f.cached.fallback.Stale() {
+	if stale {
 		p.writeCached(&f.lead, f.cached.fallback, metrics.Stale)
 	}
 	f.recycle()
 	return true
+}
+
+// servable reports whether h, a stale fallback, may be answered now: its
+// entry is still inside DNS_CACHE_STALE, RFC 8767's maximum stale timer,
+// at the moment of serving. The lookup that found it may be the stale wait
+// or a refresh's whole round trip ago, and the window may have ended
+// since; the client then gets what it would get without the entry.
+func (c *answerCache) servable(h cache.Hit) bool {
+	return h.Stale() && c.store.Servable(h, c.clock.Now())
 }
 
 // armStaleWait starts f's client-response timer if f refreshes an expired
@@ -68,7 +81,7 @@ func (p *proxy) armStaleWait(f *flight) {
 	if c == nil || c.staleWait <= 0 || !f.cached.fallback.Stale() {
 		return
 	}
-	sw := &staleWait{f: f}
+	sw := &staleWait{f: f, c: c, fallback: f.cached.fallback}
 	sw.refs.Store(2)
 	f.cached.wait = sw
 	sw.start(c.clock, c.staleWait)
@@ -77,7 +90,7 @@ func (p *proxy) armStaleWait(f *flight) {
 // settleCache is the cache's part of f's completion, before its waiters
 // are answered: it stores a usable answer (valid, not SERVFAIL) or notes
 // that the refresh failed, and reports whether the waiters get f's
-// fallback, stale.
+// fallback, stale: only while its entry is inside the stale window.
 func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
 	c := p.cache
 	if c == nil {
@@ -97,7 +110,7 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
 	case f.cached.fallback.Stale():
 		f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
 		c.refreshes.Count(metrics.RefreshFailed)
-		return true
+		return c.store.Servable(f.cached.fallback, now)
 	case f.cached.refresh:
 		c.refreshes.Count(metrics.RefreshFailed) // a prefetch: the entry stays as it is
 	}
@@ -128,11 +141,13 @@ func (f *flight) claimWaiters() bool {
 
 // staleWait is one refresh's client-response timer.
 type staleWait struct {
-	f       *flight
-	claimed atomic.Bool   // set by whichever answers the waiters: the timer or the completion
-	refs    atomic.Int32  // owners of f once the timer has claimed: the timer and the completion
-	timer   *time.Timer   // on the real clock
-	stopped chan struct{} // on another clock (a test's): closed by stop
+	f        *flight
+	c        *answerCache
+	fallback cache.Hit     // f's, kept here: fire may not read f before it has claimed it
+	claimed  atomic.Bool   // set by whichever answers the waiters: the timer or the completion
+	refs     atomic.Int32  // owners of f once the timer has claimed: the timer and the completion
+	timer    *time.Timer   // on the real clock
+	stopped  chan struct{} // on another clock (a test's): closed by stop
 }
 
 // waitingClock is a clock with timers of its own, such as
@@ -174,6 +189,12 @@ func (sw *staleWait) stop() {
 // answered; a query for the name is answered stale at once while the
 // refresh is out, coalesce.go) and answers every waiter stale.
 func (sw *staleWait) fire() {
+	if !sw.c.servable(sw.fallback) {
+		// Past the stale window: no stale answer. The waiters stay the
+		// completion's, and get what the refresh brings, as they would
+		// without the entry.
+		return
+	}
 	if !sw.claimed.CompareAndSwap(false, true) {
 		return // the completion came first: f is not the timer's to touch
 	}
