@@ -9,6 +9,7 @@ import (
 	"dnsproxi/cache"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
+	"dnsproxi/upstream"
 )
 
 // Serve-stale (RFC 8767). A query for an expired entry is a refresh: it
@@ -16,17 +17,27 @@ import (
 // Its clients get the stale answer (TTL 30, EDE 3 or 19 when they sent EDNS,
 // outcome stale) when:
 //
-//   - nothing can be sent: the in-flight cap is full or the breaker open
-//     (refusedFromCache, at both refusals in handleQuery);
+//   - nothing can be sent: the in-flight cap is full, every breaker open,
+//     or the outbound limit without a token (refusedFromCache, at the
+//     refusals in handleQuery); the recheck timer is not started;
 //   - the refresh fails: no usable answer came back — a failure as
 //     upstream.Judge defines it, a reply that does not read, a SERVFAIL
 //     answer, or a timeout Judge leaves uncounted (a slow name: not the
 //     upstream's fault, but the client has no answer all the same). The
 //     cache then holds the name for RecheckAfter (30 s), answering it stale
-//     at once without asking, so a dead upstream is not asked name by name;
+//     at once without asking, so a dead upstream is not asked name by name
+//     — unless the refresh never left the process (upstream.NotSent: no
+//     free message ID, a full send queue), which says nothing of the
+//     upstream: the next query refreshes again;
 //   - no answer came within DNS_CACHE_STALE_WAIT (the client-response
 //     timer): the timer answers the clients, and the refresh goes on and
 //     updates the entry when it lands.
+//
+// Each of these serves the entry later than the lookup that found it, by
+// up to the stale wait or the refresh's round trip, so each checks the
+// stale window (DNS_CACHE_STALE, RFC 8767's maximum stale timer) again at
+// that moment: past it the clients get what they would without the entry
+// (the refresh's outcome, the refusal's answer), never a stale answer.
 //
 // The timer and the completion race for the waiters: whichever claims them
 // first answers them all, the other leaves them alone. Once the timer has
@@ -91,12 +102,22 @@ func (p *proxy) armStaleWait(f *flight) {
 // are answered: it stores a usable answer (valid, not SERVFAIL) or notes
 // that the refresh failed, and reports whether the waiters get f's
 // fallback, stale: only while its entry is inside the stale window.
-func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
+//
+// A refresh that ended with err before it left the process
+// (upstream.NotSent: no free message ID, a full send queue) is counted
+// refused, as one the cap or the breaker refused, and does not start the
+// failure-recheck timer: the upstream did not fail, and 30 s of stale
+// answers without asking would degrade a name whose upstream is healthy.
+func (p *proxy) settleCache(f *flight, reply []byte, usable bool, err error) (stale bool) {
 	c := p.cache
 	if c == nil {
 		return false
 	}
 	now := c.clock.Now()
+	failed := metrics.RefreshFailed
+	if upstream.NotSent(err) {
+		failed = metrics.RefreshRefused
+	}
 	switch {
 	case usable:
 		err := c.store.Store(&f.key, reply, now)
@@ -108,11 +129,13 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
 			}
 		}
 	case f.cached.fallback.Stale():
-		f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
-		c.refreshes.Count(metrics.RefreshFailed)
+		if failed == metrics.RefreshFailed {
+			f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
+		}
+		c.refreshes.Count(failed)
 		return c.store.Servable(f.cached.fallback, now)
 	case f.cached.refresh:
-		c.refreshes.Count(metrics.RefreshFailed) // a prefetch: the entry stays as it is
+		c.refreshes.Count(failed) // a prefetch: the entry stays as it is
 	}
 	return false
 }
