@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/exercises/fakeupstream"
 )
@@ -188,4 +189,51 @@ func TestLateJoinPastTheWindowAnswersNothingStale(t *testing.T) {
 	}
 	r.ups[0].end(dns.RcodeServerFailure) // both refreshes fail
 	wantNotStale(t, "late join past the window", late.answered(t, "the late query"), dns.RcodeServerFailure)
+}
+
+// The sharpest case: a client whose own lookup found nothing (the window
+// had ended) joins the refresh of the name that another client started
+// inside the window, and the refresh's client-response timer fires after
+// that. Before, the timer answered both stale: one client got a stale
+// answer for a name its lookup had found no entry for. Now both get what
+// the refresh brings.
+func TestJoinerPastTheWindowGetsNoStaleFromTheTimer(t *testing.T) {
+	a, up, clock := startCaching(t, func(c *Config) {
+		c.CacheStale = 10 * time.Minute
+		c.UpstreamTimeout = 5 * time.Second
+		c.CacheStaleWait = 1800 * time.Millisecond
+	})
+	expireToWindowEnd(t, a, clock, 10*time.Minute)
+	gate, open := holdGate(t)
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		<-gate
+		b, _ := new(dns.Msg).SetRcode(req, dns.RcodeServerFailure).Pack()
+		return [][]byte{b}
+	})
+	first := askWhileStaleWaits(t, a, clock) // 1 s of the window left at its lookup
+	clock.Advance(1500 * time.Millisecond)   // 0.5 s past the window; the timer is due in 0.3 s
+	late := make(chan *dns.Msg, 1)
+	go func() {
+		q := query("www.example.com", dns.TypeA)
+		q.SetEdns0(1232, false)
+		r, _ := tryAsk("udp", a.addr(), q, 5*time.Second)
+		late <- r
+	}()
+	waitFor(t, "the late client to join the refresh", func() bool { return testutil.ToFloat64(a.metrics.Coalesced) == 1 })
+	clock.Advance(300 * time.Millisecond) // the timer fires
+	open()
+	for _, c := range []struct {
+		what string
+		ch   <-chan *dns.Msg
+	}{{"the late client", late}, {"the first client", first}} {
+		select {
+		case r := <-c.ch:
+			wantNotStale(t, c.what, r, dns.RcodeServerFailure)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no answer within 5 s", c.what)
+		}
+	}
+	if got := count(a, "A", "stale", 0); got != 0 {
+		t.Errorf("stale %d, want 0", got)
+	}
 }
