@@ -114,10 +114,6 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool, err error) (st
 		return false
 	}
 	now := c.clock.Now()
-	failed := metrics.RefreshFailed
-	if upstream.NotSent(err) {
-		failed = metrics.RefreshRefused
-	}
 	switch {
 	case usable:
 		err := c.store.Store(&f.key, reply, now)
@@ -129,15 +125,25 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool, err error) (st
 			}
 		}
 	case f.cached.fallback.Stale():
+		failed := refreshFailure(err)
 		if failed == metrics.RefreshFailed {
 			f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
 		}
 		c.refreshes.Count(failed)
 		return c.store.Servable(f.cached.fallback, now)
 	case f.cached.refresh:
-		c.refreshes.Count(failed) // a prefetch: the entry stays as it is
+		c.refreshes.Count(refreshFailure(err)) // a prefetch: the entry stays as it is
 	}
 	return false
+}
+
+// refreshFailure is how a refresh with no usable answer, ended with err,
+// is counted: refused if it never left the process, else failed.
+func refreshFailure(err error) metrics.RefreshResult {
+	if upstream.NotSent(err) {
+		return metrics.RefreshRefused
+	}
+	return metrics.RefreshFailed
 }
 
 // usableAnswer reports whether a reply read as ua (ok: it read) is an
