@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"dnsproxi/cache"
 	"dnsproxi/dnsserver"
 	"dnsproxi/internal/wire"
 	"dnsproxi/metrics"
@@ -156,6 +157,13 @@ func (p *proxy) joinOrShare(f *flight) bool { return p.joinOr(f, true) }
 
 func (p *proxy) joinOr(f *flight, share bool) bool {
 	stale := f.cached.fallback.Stale()
+	if share && stale && !p.cache.servable(f.cached.fallback) {
+		// The entry left the stale window while f passed the cap and the
+		// pool (step 5): f goes on as a query for a name not cached, and
+		// is not answered stale at once below. (Step 2's join follows the
+		// lookup at once.)
+		f.cached.fallback, f.cached.refresh, stale = cache.Hit{}, false, false
+	}
 	refreshing := false // a full flight refreshes f's entry
 	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()

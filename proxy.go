@@ -193,7 +193,7 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	// The cache (stale.go): store the answer or note the failed refresh,
 	// before f leaves the table, so that a query that comes meanwhile finds
 	// one or the other: it joins f, or it is answered from the cache.
-	stale := p.settleCache(f, reply, usableAnswer(&ua, ok))
+	stale := p.settleCache(f, reply, usableAnswer(&ua, ok), err)
 	if h := p.landing.Load(); h != nil {
 		(*h)()
 	}

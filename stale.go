@@ -9,6 +9,7 @@ import (
 	"dnsproxi/cache"
 	"dnsproxi/guard"
 	"dnsproxi/metrics"
+	"dnsproxi/upstream"
 )
 
 // Serve-stale (RFC 8767). A query for an expired entry is a refresh: it
@@ -16,17 +17,27 @@ import (
 // Its clients get the stale answer (TTL 30, EDE 3 or 19 when they sent EDNS,
 // outcome stale) when:
 //
-//   - nothing can be sent: the in-flight cap is full or the breaker open
-//     (refusedFromCache, at both refusals in handleQuery);
+//   - nothing can be sent: the in-flight cap is full, every breaker open,
+//     or the outbound limit without a token (refusedFromCache, at the
+//     refusals in handleQuery); the recheck timer is not started;
 //   - the refresh fails: no usable answer came back — a failure as
 //     upstream.Judge defines it, a reply that does not read, a SERVFAIL
 //     answer, or a timeout Judge leaves uncounted (a slow name: not the
 //     upstream's fault, but the client has no answer all the same). The
 //     cache then holds the name for RecheckAfter (30 s), answering it stale
-//     at once without asking, so a dead upstream is not asked name by name;
+//     at once without asking, so a dead upstream is not asked name by name
+//     — unless the refresh never left the process (upstream.NotSent: no
+//     free message ID, a full send queue), which says nothing of the
+//     upstream: the next query refreshes again;
 //   - no answer came within DNS_CACHE_STALE_WAIT (the client-response
 //     timer): the timer answers the clients, and the refresh goes on and
 //     updates the entry when it lands.
+//
+// Each of these serves the entry later than the lookup that found it, by
+// up to the stale wait or the refresh's round trip, so each checks the
+// stale window (DNS_CACHE_STALE, RFC 8767's maximum stale timer) again at
+// that moment: past it the clients get what they would without the entry
+// (the refresh's outcome, the refusal's answer), never a stale answer.
 //
 // The timer and the completion race for the waiters: whichever claims them
 // first answers them all, the other leaves them alone. Once the timer has
@@ -52,12 +63,25 @@ func (p *proxy) refusedFromCache(f *flight) bool {
 	if p.cache == nil || !f.cached.refresh {
 		return false
 	}
+	stale := f.cached.fallback.Stale()
+	if stale && !p.cache.servable(f.cached.fallback) {
+		return false // past the window since f's lookup: the refusal's own answer
+	}
 	p.cache.refreshes.Count(metrics.RefreshRefused)
-	if f.cached.fallback.Stale() {
+	if stale {
 		p.writeCached(&f.lead, f.cached.fallback, metrics.Stale)
 	}
 	f.recycle()
 	return true
+}
+
+// servable reports whether h, a stale fallback, may be answered now: its
+// entry is still inside DNS_CACHE_STALE, RFC 8767's maximum stale timer,
+// at the moment of serving. The lookup that found it may be the stale wait
+// or a refresh's whole round trip ago, and the window may have ended
+// since; the client then gets what it would get without the entry.
+func (c *answerCache) servable(h cache.Hit) bool {
+	return h.Stale() && c.store.Servable(h, c.clock.Now())
 }
 
 // armStaleWait starts f's client-response timer if f refreshes an expired
@@ -68,7 +92,7 @@ func (p *proxy) armStaleWait(f *flight) {
 	if c == nil || c.staleWait <= 0 || !f.cached.fallback.Stale() {
 		return
 	}
-	sw := &staleWait{f: f}
+	sw := &staleWait{f: f, c: c, fallback: f.cached.fallback}
 	sw.refs.Store(2)
 	f.cached.wait = sw
 	sw.start(c.clock, c.staleWait)
@@ -77,8 +101,14 @@ func (p *proxy) armStaleWait(f *flight) {
 // settleCache is the cache's part of f's completion, before its waiters
 // are answered: it stores a usable answer (valid, not SERVFAIL) or notes
 // that the refresh failed, and reports whether the waiters get f's
-// fallback, stale.
-func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
+// fallback, stale: only while its entry is inside the stale window.
+//
+// A refresh that ended with err before it left the process
+// (upstream.NotSent: no free message ID, a full send queue) is counted
+// refused, as one the cap or the breaker refused, and does not start the
+// failure-recheck timer: the upstream did not fail, and 30 s of stale
+// answers without asking would degrade a name whose upstream is healthy.
+func (p *proxy) settleCache(f *flight, reply []byte, usable bool, err error) (stale bool) {
 	c := p.cache
 	if c == nil {
 		return false
@@ -95,13 +125,25 @@ func (p *proxy) settleCache(f *flight, reply []byte, usable bool) (stale bool) {
 			}
 		}
 	case f.cached.fallback.Stale():
-		f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
-		c.refreshes.Count(metrics.RefreshFailed)
-		return true
+		failed := refreshFailure(err)
+		if failed == metrics.RefreshFailed {
+			f.cached.fallback.RefreshFailed(now) // the entry refreshed, not one stored meanwhile
+		}
+		c.refreshes.Count(failed)
+		return c.store.Servable(f.cached.fallback, now)
 	case f.cached.refresh:
-		c.refreshes.Count(metrics.RefreshFailed) // a prefetch: the entry stays as it is
+		c.refreshes.Count(refreshFailure(err)) // a prefetch: the entry stays as it is
 	}
 	return false
+}
+
+// refreshFailure is how a refresh with no usable answer, ended with err,
+// is counted: refused if it never left the process, else failed.
+func refreshFailure(err error) metrics.RefreshResult {
+	if upstream.NotSent(err) {
+		return metrics.RefreshRefused
+	}
+	return metrics.RefreshFailed
 }
 
 // usableAnswer reports whether a reply read as ua (ok: it read) is an
@@ -128,11 +170,13 @@ func (f *flight) claimWaiters() bool {
 
 // staleWait is one refresh's client-response timer.
 type staleWait struct {
-	f       *flight
-	claimed atomic.Bool   // set by whichever answers the waiters: the timer or the completion
-	refs    atomic.Int32  // owners of f once the timer has claimed: the timer and the completion
-	timer   *time.Timer   // on the real clock
-	stopped chan struct{} // on another clock (a test's): closed by stop
+	f        *flight
+	c        *answerCache
+	fallback cache.Hit     // f's, kept here: fire may not read f before it has claimed it
+	claimed  atomic.Bool   // set by whichever answers the waiters: the timer or the completion
+	refs     atomic.Int32  // owners of f once the timer has claimed: the timer and the completion
+	timer    *time.Timer   // on the real clock
+	stopped  chan struct{} // on another clock (a test's): closed by stop
 }
 
 // waitingClock is a clock with timers of its own, such as
@@ -174,6 +218,12 @@ func (sw *staleWait) stop() {
 // answered; a query for the name is answered stale at once while the
 // refresh is out, coalesce.go) and answers every waiter stale.
 func (sw *staleWait) fire() {
+	if !sw.c.servable(sw.fallback) {
+		// Past the stale window: no stale answer. The waiters stay the
+		// completion's, and get what the refresh brings, as they would
+		// without the entry.
+		return
+	}
 	if !sw.claimed.CompareAndSwap(false, true) {
 		return // the completion came first: f is not the timer's to touch
 	}

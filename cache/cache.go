@@ -173,6 +173,15 @@ func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 	return h, Expired
 }
 
+// Servable reports whether h's entry may still be answered at now: it is
+// not past Config.StaleWindow after its expiry. The window is the maximum
+// stale timer (RFC 8767 §5), so a caller that serves a stale Hit later
+// than its Lookup — when a refresh fails or is refused, or a
+// client-response timer fires — asks again then. The zero Hit is not.
+func (c *Cache) Servable(h Hit, now time.Time) bool {
+	return h.e != nil && !h.e.dead(mono(now), int64(c.cfg.StaleWindow))
+}
+
 // Store reads reply, the upstream's answer to k's query, and stores it if
 // it is cacheable (reply.go), replacing what k held. It returns nil, or why
 // reply was not stored (ErrTruncated, ErrRcode...). reply is copied.

@@ -19,7 +19,7 @@ const (
 	RefreshUpdated   RefreshResult = iota // the upstream answered and the answer was stored
 	RefreshNotStored                      // the upstream answered with what is not cached (TTL 0, TC, REFUSED...)
 	RefreshFailed                         // no usable answer (a failure, SERVFAIL): stale served, recheck in 30 s
-	RefreshRefused                        // never sent: the in-flight cap was full or the breaker open
+	RefreshRefused                        // never sent: the in-flight cap, a breaker, the outbound limit, no free ID, a full send queue
 	numRefreshResults
 )
 

@@ -389,13 +389,16 @@ func (x *Exchange) hedge(gen uint64, due, now time.Time) {
 }
 
 // reportKept reports the best result kept: an answer if one came, else
-// the last error (err if it is the latest), as report does at now.
+// the last error (err if it is the latest), as report does at now. An
+// attempt that never left the process (upstream.NotSent) gives way to an
+// error kept from one that did: the upstream that was asked failed, and a
+// caller reading the error must not take it for one never asked.
 func (x *Exchange) reportKept(now time.Time, err error) {
 	if x.hasKept {
 		x.report(now, x.kept, nil)
 		return
 	}
-	if err == nil {
+	if err == nil || x.keptErr != nil && upstream.NotSent(err) {
 		err = x.keptErr
 	}
 	if err == nil {

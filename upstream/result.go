@@ -116,10 +116,17 @@ func Judge(reply []byte, err error) Verdict {
 		return Failure // no error and no reply: no valid reply
 	case errors.Is(err, ErrNameTimeout),
 		errors.Is(err, ErrClosed), errors.Is(err, net.ErrClosed), // shutdown
-		errors.Is(err, ErrBusy), errors.Is(err, ErrNoQuery), errors.Is(err, batchio.ErrQueueFull): // never sent
+		NotSent(err):
 		return Uncounted
 	}
 	return Failure
+}
+
+// NotSent reports whether err ended a query before it left the process: no
+// question to match a reply against, no free message ID, a full send
+// queue. Those are the proxy's own limits; the upstream was not asked.
+func NotSent(err error) bool {
+	return errors.Is(err, ErrBusy) || errors.Is(err, ErrNoQuery) || errors.Is(err, batchio.ErrQueueFull)
 }
 
 // markAnswered stamps now, the moment a valid reply was taken in time for a
