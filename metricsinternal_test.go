@@ -126,51 +126,52 @@ func TestStalledStderrDropsAreOnMetrics(t *testing.T) {
 	}
 }
 
-// A flood of TCP connections, each closing the one before it for its slot,
-// by clients that never close their side: 64 closes linger, and the ones
-// beyond are closed at once, which /metrics counts. Each lingers a second
-// at most, so the flood goes on until the count moves, at most 1,000
-// connections or 10s.
+// Connections the server closes all at once (each sent a bad length), by
+// clients that never close their side: 64 closes linger, a second at
+// most, and the ones beyond are closed at once, which /metrics counts. A
+// round is 100 connections opened, then their bad lengths written in one
+// quick loop: their closes fall well within the second. A machine so
+// loaded that they did not gets another round, at most 5.
 func TestForcedTCPClosesAreOnMetrics(t *testing.T) {
 	up := startUpstream(t)
 	cfg := testConfig(up.Addr())
 	cfg.MetricsAddr = "127.0.0.1:0"
-	cfg.TCPMaxConns = 1
+	cfg.TCPMaxConns = 200
 	a := startProxy(t, cfg, guard.RealClock{})
 	if v, ok := metricValue(scrape(t, a), "dnsproxi_tcp_forced_closes_total"); !ok || v != 0 {
 		t.Fatalf("dnsproxi_tcp_forced_closes_total = %v (present: %v) before any connection, want 0", v, ok)
 	}
-	var conns []net.Conn
-	t.Cleanup(func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 1; ; i++ {
-		c, err := net.DialTimeout("tcp", a.addr(), 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		conns = append(conns, c)
-		if i%16 != 0 {
-			continue
-		}
-		// Under a 1s linger, keep at most the last 200 open: the older
-		// ones' closes are over, and their descriptors are better spent.
-		if len(conns) > 200 {
-			for _, old := range conns[:len(conns)-200] {
-				old.Close()
+	const perRound, rounds = 100, 5
+	malformed := regexp.MustCompile(`(?m)^dnsproxi_server_dropped_total\{reason="malformed"\} (\S+)$`)
+	for round := 1; round <= rounds; round++ {
+		conns := make([]net.Conn, 0, perRound)
+		for i := range perRound {
+			c, err := net.DialTimeout("tcp", a.addr(), 5*time.Second)
+			if err != nil {
+				t.Fatalf("round %d, connection %d: %v", round, i, err)
 			}
-			conns = append(conns[:0], conns[len(conns)-200:]...)
+			defer c.Close()
+			conns = append(conns, c)
 		}
+		for _, c := range conns {
+			c.Write([]byte{0, 0}) // a length below a header's: the server closes the connection
+		}
+		waitFor(t, "the server to close every connection of the round", func() bool {
+			m := malformed.FindStringSubmatch(scrape(t, a))
+			return m != nil && m[1] == strconv.Itoa(round*perRound)
+		})
 		if v, _ := metricValue(scrape(t, a), "dnsproxi_tcp_forced_closes_total"); v > 0 {
+			if v > float64(round*(perRound-64)) {
+				t.Fatalf("dnsproxi_tcp_forced_closes_total = %v after %d rounds of %d closes: more than %d beyond 64 lingering",
+					v, round, perRound, round*(perRound-64))
+			}
 			return
 		}
-		if i >= 1000 || time.Now().After(deadline) {
-			t.Fatalf("after %d connections each closing the one before it, dnsproxi_tcp_forced_closes_total has not moved (or is absent)", i)
+		for _, c := range conns {
+			c.Close() // their lingering closes end: the next round starts from none
 		}
 	}
+	t.Fatalf("%d rounds of %d connections closed at once: dnsproxi_tcp_forced_closes_total has not moved (or is absent)", rounds, perRound)
 }
 
 // silentForwarder is an upstream that never answers: it keeps each
