@@ -210,6 +210,11 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 		Writers:        replies,
 		Forwards:       queries,
 	}
+	counts := internalCounts{logs: []*asyncLog{events}, hedges: ups, server: a.server}
+	if qlog != nil {
+		counts.logs = append(counts.logs, qlog.events)
+	}
+	m.WatchInternals(counts.read)
 	return a, nil
 }
 

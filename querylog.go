@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -112,7 +111,7 @@ type logEntry struct {
 // queryLog is the bounded buffer and its writer goroutine.
 type queryLog struct {
 	entries    chan logEntry
-	keep       uint64 // a line is kept when a random uint64 is below it; math.MaxUint64 keeps all
+	sample     sampler // which lines are kept (querylog_sample.go)
 	written    atomic.Uint64
 	dropped    atomic.Uint64
 	reopens    chan chan struct{} // a SIGHUP's request, closed once done; room for one waiting
@@ -171,13 +170,9 @@ func openLogFile(path string) (*os.File, error) {
 // reopened on SIGHUP) that keeps sample of the queries and buffers at most
 // capacity lines.
 func newQueryLog(out io.Writer, file *os.File, sample float64, capacity int, log *slog.Logger) *queryLog {
-	keep := uint64(math.MaxUint64)
-	if sample > 0 && sample < 1 {
-		keep = uint64(sample * (1 << 64))
-	}
 	l := &queryLog{
 		entries:    make(chan logEntry, capacity),
-		keep:       keep,
+		sample:     newSampler(sample),
 		reopens:    make(chan chan struct{}, 1),
 		reopenWait: reopenTimeout,
 		stop:       make(chan struct{}),
@@ -202,7 +197,7 @@ func newQueryLog(out io.Writer, file *os.File, sample float64, capacity int, log
 // add logs one query, unless the sample leaves it out. It never blocks:
 // without room in the buffer the line is dropped and counted.
 func (l *queryLog) add(start time.Time, d time.Duration, client netip.AddrPort, question []byte, o metrics.Outcome, rcode int, upstream string) {
-	if l.keep != math.MaxUint64 && rand.Uint64() >= l.keep {
+	if !l.sample.keep(rand.Uint64) {
 		return
 	}
 	e := logEntry{time: start, duration: d, client: client, upstream: upstream, outcome: o, rcode: rcode}
@@ -214,9 +209,20 @@ func (l *queryLog) add(start time.Time, d time.Duration, client netip.AddrPort, 
 	}
 }
 
-// stats returns the lines written and the lines dropped so far.
+// stats returns the lines written and the lines dropped so far. Once the
+// writer has stopped, the lines still in the buffer are never written:
+// they count as dropped, with those added after close that found room
+// there (a query answered as shutdown gave up waiting for it), so that
+// every line offered is in exactly one count
+// (TestLinesAfterCloseAreCountedDropped). Nothing takes from the buffer
+// then, so the count only grows.
 func (l *queryLog) stats() (written, dropped uint64) {
-	return l.written.Load(), l.dropped.Load()
+	select {
+	case <-l.done: // read first: the writer's counts are final
+		return l.written.Load(), l.dropped.Load() + uint64(len(l.entries))
+	default:
+		return l.written.Load(), l.dropped.Load()
+	}
 }
 
 // reopen asks the writer to write out what it holds and reopen the file at
@@ -251,7 +257,7 @@ func (l *queryLog) reopen() {
 // close writes out every line buffered and stops the writer, waiting for it
 // no longer than ctx allows: a writer stuck in a write on its disk does not
 // hold up the process's shutdown, and the lines it still holds are lost.
-// Lines added afterwards are never written.
+// Lines added afterwards are never written, and count as dropped (stats).
 func (l *queryLog) close(ctx context.Context) {
 	l.once.Do(func() { close(l.stop) })
 	select {

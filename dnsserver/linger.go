@@ -44,6 +44,8 @@ func (s *Server) endConn(cc *clientConn) bool {
 	if lingering {
 		s.lingering[cc] = struct{}{}
 		s.lingers.Add(1)
+	} else if open && !s.abandoned {
+		s.forced.Add(1)
 	}
 	s.mu.Unlock()
 	if !lingering {
@@ -52,6 +54,12 @@ func (s *Server) endConn(cc *clientConn) bool {
 	<-s.connTokens
 	return lingering
 }
+
+// ForcedCloses returns how many connections were closed at once, without
+// a graceful close, because maxLingering were already in one while the
+// server served: a client with bytes unread got a reset, and may have lost
+// the answers it had not read yet.
+func (s *Server) ForcedCloses() uint64 { return s.forced.Load() }
 
 // linger closes cc gracefully: a FIN after the answers already written,
 // then what the client sends is read and thrown away until it closes its

@@ -162,6 +162,7 @@ type Server struct {
 	lingering map[*clientConn]struct{} // connections in a graceful close, ≤ maxLingering
 	abandoned bool                     // Shutdown is closing every connection: none starts to linger
 	lingers   sync.WaitGroup           // the graceful closes under way
+	forced    atomic.Uint64            // closes that could not linger: maxLingering were under way
 
 	// Test seams, nil or zero outside tests.
 	tcpWriteTimeout time.Duration      // how long one write to a client may take; default writeTimeout
