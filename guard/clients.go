@@ -233,13 +233,13 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64) bool {
 // hosts. So the zone's hash replaces bits 16–47 of such a key, which are 0
 // in every link-local address in use (fe80::/64), before it is cut: with a
 // prefix of /48 or longer each link has its own buckets; one of /16 or
-// shorter, as it asks, joins them. Replaced, not XORed: a host chooses
-// those bits of its own address, and with a XOR one on link 2 that took
-// fe80:0:h(2)^h(3)::1 had the key of fe80::1 on link 3, a bucket on a
-// network it cannot send from
-// (TestAttackLinkLocalHostAimsAtAnotherLinksBucket). (Without this, one link-local host that
+// shorter, as it asks, joins them. (Without this, one link-local host that
 // spent its bucket refused every link-local client of every other link:
-// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) The access list,
+// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) Replaced, not XORed
+// in: a host chooses those bits of its own address, and with a XOR one on
+// link 2 that took fe80:0:h(2)^h(3)::1 had the key of fe80::1 on link 3, a
+// bucket on a network it cannot send from
+// (TestAttackLinkLocalHostAimsAtAnotherLinksBucket). The access list,
 // which matches configured prefixes, keeps the address as it is.
 func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 	k, is4, ok := addrKey(addr)
