@@ -232,12 +232,16 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64, st *sharedTake) bool {
 //
 // A link-local address names a host only together with its zone, the
 // interface it came in on: fe80::1 on one link and on another are two
-// hosts. So the zone is folded into bits 16–47 of such a key, which are 0
+// hosts. So the zone's hash replaces bits 16–47 of such a key, which are 0
 // in every link-local address in use (fe80::/64), before it is cut: with a
 // prefix of /48 or longer each link has its own buckets; one of /16 or
 // shorter, as it asks, joins them. (Without this, one link-local host that
 // spent its bucket refused every link-local client of every other link:
-// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) The access list,
+// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) Replaced, not XORed
+// in: a host chooses those bits of its own address, and with a XOR one on
+// link 2 that took fe80:0:h(2)^h(3)::1 had the key of fe80::1 on link 3, a
+// bucket on a network it cannot send from
+// (TestAttackLinkLocalHostAimsAtAnotherLinksBucket). The access list,
 // which matches configured prefixes, keeps the address as it is.
 func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 	k, is4, ok := addrKey(addr)
@@ -245,7 +249,7 @@ func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 		return k.masked(l.mask4), ok
 	}
 	if z := addr.Zone(); z != "" && addr.IsLinkLocalUnicast() {
-		k.hi ^= uint64(zoneHash(z)) << 16
+		k.hi = k.hi&^(0xffffffff<<16) | uint64(zoneHash(z))<<16
 	}
 	return k.masked(l.mask6), ok
 }
