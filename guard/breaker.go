@@ -28,7 +28,8 @@ package guard
 //     timeout.
 //   - A probe whose result never comes back must not wedge the breaker in
 //     half-open. A probe that has not reported within CoolOff counts as
-//     failed: the next Allow re-opens the breaker and restarts the cool-off.
+//     failed: the next Allow re-opens the breaker and restarts the cool-off,
+//     and a report that comes after it, success or not, opens it too.
 //     A probe with nothing to report says so with Cancel and frees its place
 //     at once; the shorthand has no Cancel, so a probe let through by Allow
 //     that has nothing to report waits out that deadline.
@@ -288,11 +289,15 @@ func (b *Breaker) record(failed bool) {
 		}
 	case HalfOpen:
 		if b.probing {
+			// A probe reporting past its deadline is the lost probe of the
+			// head comment, counted failed whether or not a call came in
+			// meanwhile to find it lost.
+			now := b.clock.Now()
 			to := Closed
-			if failed {
+			if failed || now.Sub(b.probeAt) >= b.cfg.CoolOff {
 				to = Open
 			}
-			b.setState(to, b.clock.Now())
+			b.setState(to, now)
 			changed = true
 		}
 	case Open:

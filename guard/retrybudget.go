@@ -6,8 +6,10 @@ package guard
 //     of any kind) withdraws one.
 //   - A retry is let through while, counting it, the retries over the last
 //     Window stay within Ratio of the first attempts over the same Window:
-//     at 10% a sick dependency gets at most 1.1 calls per request, never the
-//     2× or 3× that retrying every failure would send it.
+//     at 10% a sick dependency gets at most 1.1 calls per request above
+//     the floor below, never the 2× or 3× that retrying every failure would
+//     send it. (Under the floor, at fewer first attempts a second than it
+//     allows retries, it can be up to 2×: those are few calls.)
 //   - A small floor, MinPerSecond retries in any one second, lets a quiet
 //     process retry its first failures before it has earned a share. The
 //     budget is the larger of the share and the floor, never their sum: a

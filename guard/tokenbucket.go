@@ -180,17 +180,32 @@ func (b *TokenBucket) giveBackAt(now time.Time, n float64) {
 // refill adds the tokens earned since b.last, capped at the burst, and moves
 // b.last to now. A reading no later than b.last changes nothing: its time has
 // been counted already.
+//
+// The balance is a float64, and near a large burst one unit in its last
+// place is a sizeable sum (2^-26 tokens near 1e8): a smaller addition would
+// be rounded to a whole unit, up or down, and calls coming often enough
+// would refill the bucket at up to twice its rate, or not at all. So the
+// tokens earned are added only once the balance holds them to 1/1024;
+// until then last stays where it is and the time adds up
+// (TestAttackBucketRefillRoundsAwayNearALargeBurst). At the usual sizes
+// every addition holds: a microsecond at 1 token/s is 1e-6, against units
+// of 1e-13 near a balance of 1000.
 // It requires that b.mu is held.
 func (b *TokenBucket) refill(now time.Time) {
 	elapsed := now.Sub(b.last)
 	if elapsed <= 0 {
 		return // a stale reading, or a clock that stepped back: never move last backwards
 	}
-	b.last = now
 	if b.tokens >= b.burst {
+		b.last = now
 		return
 	}
-	b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.burst)
+	earned := elapsed.Seconds() * b.rate
+	tokens := min(b.tokens+earned, b.burst)
+	if tokens < b.burst && math.Abs(tokens-b.tokens-earned) > earned/1024 {
+		return // too little for the balance to hold yet
+	}
+	b.tokens, b.last = tokens, now
 }
 
 // maxWait is the longest wait a time.Duration holds, about 292 years.
