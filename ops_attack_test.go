@@ -1,11 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"dnsproxi/guard"
 )
@@ -53,5 +61,75 @@ func TestAttackUnsentBodiesHoldTheMetricsListener(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /healthz: %d, want 200", resp.StatusCode)
+	}
+}
+
+// SIGHUP never ends the process, says the README; nor should a log line.
+// But with stderr a pipe whose reader has gone (a log shipper that died,
+// `dnsproxi 2>&1 | tee` whose tee was killed), the first line written after
+// it, here SIGHUP's own "reopening the query log", kills the process with
+// SIGPIPE: Go ends a program that writes to a broken pipe on fd 1 or 2
+// unless SIGPIPE is notified or ignored. Losing a log line would be the
+// harm; losing DNS for every client is what happens.
+func TestAttackSIGHUPWithStderrReaderGoneKillsTheProxy(t *testing.T) {
+	up := startUpstream(t)
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "DNS_LISTEN=127.0.0.1:0", "DNS_METRICS_ADDR=off",
+		"DNS_UPSTREAM=" + up.Addr(), "DNS_QUERY_LOG=" + filepath.Join(dir, "queries.log")}
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+		}
+	})
+
+	listening := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		re := regexp.MustCompile(`msg=listening listen=(\S+)`)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				listening <- m[1]
+				return
+			}
+		}
+	}()
+	var addr string
+	select {
+	case addr = <-listening:
+	case err := <-exited:
+		t.Fatalf("the binary exited before listening: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the binary did not start within 20s")
+	}
+	r.Close() // the log reader goes away
+	if _, err := tryAsk("udp", addr, query("www.example.com", dns.TypeA), 2*time.Second); err != nil {
+		t.Fatalf("before SIGHUP: %v", err)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("SIGHUP with stderr's reader gone ended the process: %v (%s); want it serving", err, cmd.ProcessState)
+	case <-time.After(3 * time.Second): // long enough for the queued line to be written
+	}
+	if m, err := tryAsk("udp", addr, query("www.example.com", dns.TypeA), 2*time.Second); err != nil || m.Rcode != dns.RcodeSuccess {
+		t.Fatalf("after SIGHUP: %v; want an answer", err)
 	}
 }
