@@ -51,6 +51,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	hangup := make(chan os.Signal, 1)
 	signal.Notify(hangup, syscall.SIGHUP)
 	defer signal.Stop(hangup)
+	// A log line written to a stderr whose reader has gone must cost the
+	// line, not the process: unless SIGPIPE is ignored, Go ends a program
+	// whose write to fd 1 or 2 meets a broken pipe.
+	signal.Ignore(syscall.SIGPIPE)
 
 	for _, a := range args {
 		switch a {
