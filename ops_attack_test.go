@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -131,5 +133,47 @@ func TestAttackSIGHUPWithStderrReaderGoneKillsTheProxy(t *testing.T) {
 	}
 	if m, err := tryAsk("udp", addr, query("www.example.com", dns.TypeA), 2*time.Second); err != nil || m.Rcode != dns.RcodeSuccess {
 		t.Fatalf("after SIGHUP: %v; want an answer", err)
+	}
+}
+
+// With stderr stalled (a log pipe nobody reads, a hung journal), SIGTERM
+// still ends the process: the signal loop hears it (its lines are queued),
+// the drain and the query log are bounded, and the event log gives up
+// after asyncLogStopWait. But run's last lines, "stopped" (and "shutdown
+// cut short"), are written straight to stderr, so the process never exits:
+// systemd waits TimeoutStopSec (45 s) and kills it, and a restart leaves
+// DNS down that long.
+func TestAttackStalledStderrHoldsTheExit(t *testing.T) {
+	up := startUpstream(t)
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &stallWriter{}
+	t.Cleanup(stderr.release) // lets run finish once the test has judged it
+	ready := make(chan *app, 1)
+	exit := make(chan int, 1)
+	go func() { exit <- run(ctx, nil, io.Discard, stderr, func(a *app) { ready <- a }) }()
+	var a *app
+	select {
+	case a = <-ready:
+	case code := <-exit:
+		t.Fatalf("run exited %d before listening", code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not start listening")
+	}
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+
+	stderr.stall()
+	cancel() // SIGTERM
+	// Nothing is in flight: the drain takes nothing; the event log's
+	// writer is given up after asyncLogStopWait.
+	limit := asyncLogStopWait + queryLogStopWait + 5*time.Second
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+	case <-time.After(limit):
+		t.Fatalf("run did not return within %v of SIGTERM with stderr stalled; want exit 0 (the drain is bounded)", limit)
 	}
 }
