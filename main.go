@@ -117,12 +117,27 @@ serving:
 	a.eventLog.Info("shutting down: finishing the queries in flight") // queued: a stalled stderr holds no shutdown
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
 	defer cancel()
-	if err := a.shutdown(sctx); err != nil {
-		log.Warn("shutdown cut short", "err", err)
+	err = a.shutdown(sctx)
+	// The event queue is closed: the last lines go to stderr directly, and
+	// a stalled stderr gets finalLogWait of them before the process exits
+	// without them (TestAttackStalledStderrHoldsTheExit).
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		if err != nil {
+			log.Warn("shutdown cut short", "err", err)
+		}
+		log.Info("stopped")
+	}()
+	select {
+	case <-written:
+	case <-time.After(finalLogWait):
 	}
-	log.Info("stopped")
 	return 0
 }
+
+// finalLogWait bounds the writing of run's last lines to stderr.
+const finalLogWait = time.Second
 
 // clientSummary describes the per-client gate for the start-up log.
 func clientSummary(cfg Config) string {
