@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -175,5 +176,44 @@ func TestAttackStalledStderrHoldsTheExit(t *testing.T) {
 		}
 	case <-time.After(limit):
 		t.Fatalf("run did not return within %v of SIGTERM with stderr stalled; want exit 0 (the drain is bounded)", limit)
+	}
+}
+
+// A misspelled variable is read by no one: DNS_BREAKER_TRESHOLD=50 in
+// /etc/default/dnsproxi starts a proxy with no breaker, and nothing says
+// so. The README holds every value to its rule and refuses a cache
+// variable set while the cache is off ("the operator meant something that
+// would not happen"); a name no rule knows is the same mistake, and the
+// start-up log is the least place to name it. (Not an exit: a Kubernetes
+// service named "dns" puts DNS_PORT and DNS_SERVICE_HOST in every pod's
+// environment.)
+func TestAttackMisspelledVariableGoesUnnoticed(t *testing.T) {
+	up := startUpstream(t)
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off"})
+	t.Setenv("DNS_BREAKER_TRESHOLD", "50")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	ready := make(chan *app, 1)
+	exit := make(chan int, 1)
+	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(a *app) { ready <- a }) }()
+	select {
+	case <-ready:
+	case code := <-exit:
+		if code == 2 && strings.Contains(logs.String(), "DNS_BREAKER_TRESHOLD") {
+			return // refused, naming it: also an answer
+		}
+		t.Fatalf("run exited %d: %s", code, logs.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not start listening")
+	}
+	cancel()
+	select {
+	case <-exit:
+	case <-time.After(5 * time.Second):
+		t.Fatal("run did not return after its context ended")
+	}
+	if !strings.Contains(logs.String(), "DNS_BREAKER_TRESHOLD") {
+		t.Fatalf("DNS_BREAKER_TRESHOLD=50 set: no line names it; the breaker is silently off:\n%s", logs.String())
 	}
 }
