@@ -217,3 +217,78 @@ func TestAttackMisspelledVariableGoesUnnoticed(t *testing.T) {
 		t.Fatalf("DNS_BREAKER_TRESHOLD=50 set: no line names it; the breaker is silently off:\n%s", logs.String())
 	}
 }
+
+// The unit restarts the proxy on failure, but not on exit status 2
+// (RestartPreventExitStatus=2), which it takes for a configuration error.
+// The Go runtime ends a crashed program with the same status: an
+// unrecovered panic, a fatal runtime error (a concurrent map write, out
+// of memory) or SIGQUIT/SIGABRT all exit 2. So a proxy that crashes stays
+// down until someone starts it by hand, and the journal shows the status
+// the README says means "fix the variable". Here the crash is SIGQUIT, the
+// runtime's own crash path, under the environment the unit gives.
+func TestAttackCrashExitsWithTheConfigErrorStatus(t *testing.T) {
+	unit := string(readBytes(t, unitFile))
+	prevent := map[int]bool{}
+	env := []string{"PATH=/usr/bin:/bin"}
+	for _, line := range strings.Split(unit, "\n") {
+		key, value, _ := strings.Cut(strings.TrimSpace(line), "=")
+		switch key {
+		case "RestartPreventExitStatus":
+			for _, f := range strings.Fields(value) {
+				var n int
+				if _, err := fmt.Sscan(f, &n); err == nil {
+					prevent[n] = true
+				}
+			}
+		case "Environment":
+			env = append(env, strings.Fields(strings.Trim(value, `"`))...)
+		}
+	}
+	if len(prevent) == 0 {
+		t.Skip("the unit restarts on every exit status")
+	}
+	up := startUpstream(t)
+	bin := buildBinary(t)
+	cmd := exec.Command(bin)
+	cmd.Env = append(env, "DNS_LISTEN=127.0.0.1:0", "DNS_METRICS_ADDR=off", "DNS_UPSTREAM="+up.Addr())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	listening := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "msg=listening") {
+				close(listening)
+				break
+			}
+		}
+		io.Copy(io.Discard, stderr) // the crash's goroutine dump
+		cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case <-listening:
+	case <-exited:
+		t.Fatalf("the binary ended before listening: %v", cmd.ProcessState)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the binary did not start within 20s")
+	}
+	if err := cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the binary did not end within 10s of SIGQUIT")
+	}
+	if st := cmd.ProcessState; st.Exited() && prevent[st.ExitCode()] {
+		t.Fatalf("a crash ends the proxy with %v, which the unit's RestartPreventExitStatus takes for a configuration error: systemd would leave it down", st)
+	}
+}
