@@ -18,6 +18,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"dnsproxi/exercises/fakeupstream"
 	"dnsproxi/guard"
 )
 
@@ -290,5 +291,44 @@ func TestAttackCrashExitsWithTheConfigErrorStatus(t *testing.T) {
 	}
 	if st := cmd.ProcessState; st.Exited() && prevent[st.ExitCode()] {
 		t.Fatalf("a crash ends the proxy with %v, which the unit's RestartPreventExitStatus takes for a configuration error: systemd would leave it down", st)
+	}
+}
+
+// A host name in an address variable is resolved once at start-up, and a
+// failed lookup stops start-up with exit 2, the status of a bad value,
+// which the unit never restarts (RestartPreventExitStatus=2). But a
+// resolver that answers SERVFAIL or times out says nothing of the value:
+// at boot the resolver is often not reachable yet (network-online.target
+// does not wait for it). The name is fine, the next start would resolve
+// it, and the proxy stays down until someone starts it by hand. Here the
+// resolver is a fake one on loopback answering SERVFAIL.
+func TestAttackTransientLookupFailureExitsAsConfigError(t *testing.T) {
+	resolver := startUpstream(t)
+	resolver.SetMode(fakeupstream.ServFail)
+	saved := net.DefaultResolver
+	net.DefaultResolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, resolver.Addr()) // never the system's resolver
+	}}
+	t.Cleanup(func() { net.DefaultResolver = saved })
+	up := startUpstream(t)
+	_, port, _ := net.SplitHostPort(up.Addr())
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off",
+		"DNS_UPSTREAM": "upstream.dnsproxi.test.:" + port})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	exit := make(chan int, 1)
+	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(*app) { cancel() }) }()
+	select {
+	case code := <-exit:
+		if resolver.Total() == 0 {
+			t.Fatalf("the lookup never reached the fake resolver (exit %d): %s", code, logs.String())
+		}
+		if code == 2 {
+			t.Fatalf("a lookup answered SERVFAIL ends start-up with exit 2, the status of a bad value that is never restarted: %s", strings.TrimSpace(logs.String()))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return")
 	}
 }
