@@ -403,3 +403,40 @@ func TestAttackUnitProcSubsetShrinksTheTCPBacklog(t *testing.T) {
 		t.Fatalf("under the unit's /proc (ProcSubset=pid: %v) the DNS TCP listener's backlog is %s; want net.core.somaxconn, %s", subset, got, want)
 	}
 }
+
+// The same with stderr stalled from the start (a journal hung at boot):
+// the proxy binds and answers, but run writes its "listening" line (and
+// the start-up warnings) straight to stderr before it reaches the signal
+// loop, so SIGTERM and SIGHUP are never acted on: no graceful drain, only
+// systemd's SIGKILL 45 s later.
+func TestAttackStderrStalledAtStartIgnoresSIGTERM(t *testing.T) {
+	up := startUpstream(t)
+	const listen = "127.0.0.1:26150" // a fixed port of this test's range: ready is never called
+	setEnv(t, map[string]string{"DNS_LISTEN": listen, "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &stallWriter{}
+	stderr.stall()
+	t.Cleanup(stderr.release) // lets run finish once the test has judged it
+	exit := make(chan int, 1)
+	go func() { exit <- run(ctx, nil, io.Discard, stderr, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if r, err := tryAsk("udp", listen, query("www.example.com", dns.TypeA), 200*time.Millisecond); err == nil && r.Rcode == dns.RcodeSuccess {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not answer within 10s")
+		}
+	}
+	cancel() // SIGTERM
+	limit := asyncLogStopWait + queryLogStopWait + 5*time.Second
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+	case <-time.After(limit):
+		t.Fatalf("run did not return within %v of SIGTERM, stderr stalled since start-up; want exit 0", limit)
+	}
+}
