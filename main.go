@@ -87,10 +87,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
 		return 1
 	}
+	// The start-up lines go through the queue, as the signal loop's do: a
+	// stderr stalled since start-up must not keep run from the loop, where
+	// SIGTERM is heard (TestAttackStderrStalledAtStartIgnoresSIGTERM).
 	if w := cfg.loweredWarning(); w != "" { // once started: an error above is the one line printed
-		log.Warn(w)
+		a.eventLog.Warn(w)
 	}
-	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
+	a.eventLog.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(), "upstream_rate_limit", outboundSummary(cfg),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
@@ -99,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample),
 		"cache", cacheSummary(cfg))
 	if families := cfg.Allow.open(); families != "" {
-		log.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
+		a.eventLog.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
 			"allow", cfg.Allow.String())
 	}
 	if ready != nil {
