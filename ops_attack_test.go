@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -438,5 +439,41 @@ func TestAttackStderrStalledAtStartIgnoresSIGTERM(t *testing.T) {
 		}
 	case <-time.After(limit):
 		t.Fatalf("run did not return within %v of SIGTERM, stderr stalled since start-up; want exit 0", limit)
+	}
+}
+
+// POST /cache/flush logs its line straight to stderr, before it answers:
+// with stderr stalled the cache is emptied, the curl that asked never
+// hears so, and the handler holds one of the metrics address's 64 places
+// for good (the server's write timeout cannot free a handler stuck before
+// it writes).
+func TestAttackStalledStderrHoldsTheFlush(t *testing.T) {
+	up := startUpstream(t)
+	cfg := withCache(testConfig(up.Addr()))
+	cfg.MetricsAddr = "127.0.0.1:0"
+	stderr := &stallWriter{}
+	a, err := newApp(cfg, guard.RealClock{}, slog.New(slog.NewTextHandler(stderr, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stderr.release() // before the shutdown, which logs too
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.shutdown(ctx)
+	})
+	ask(t, "udp", a.addr(), query("www.example.com", dns.TypeA))
+	stderr.stall()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Post(strings.TrimSuffix(a.metricsURL(), "/metrics")+flushPath, "text/plain", nil)
+	if err != nil {
+		t.Fatalf("POST %s with stderr stalled: %v; want the answer", flushPath, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: %s", flushPath, resp.Status)
 	}
 }
