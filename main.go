@@ -51,6 +51,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	hangup := make(chan os.Signal, 1)
 	signal.Notify(hangup, syscall.SIGHUP)
 	defer signal.Stop(hangup)
+	// A log line written to a stderr whose reader has gone must cost the
+	// line, not the process: unless SIGPIPE is ignored, Go ends a program
+	// whose write to fd 1 or 2 meets a broken pipe.
+	signal.Ignore(syscall.SIGPIPE)
 
 	for _, a := range args {
 		switch a {
@@ -83,10 +87,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
 		return 1
 	}
+	// The start-up lines go through the queue, as the signal loop's do: a
+	// stderr stalled since start-up must not keep run from the loop, where
+	// SIGTERM is heard (TestAttackStderrStalledAtStartIgnoresSIGTERM).
 	if w := cfg.loweredWarning(); w != "" { // once started: an error above is the one line printed
-		log.Warn(w)
+		a.eventLog.Warn(w)
 	}
-	log.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
+	a.eventLog.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(), "upstream_rate_limit", outboundSummary(cfg),
 		"breaker", breakerSummary(cfg), "max_inflight", cfg.MaxInflight,
 		"tcp_max_conns", cfg.TCPMaxConns, "tcp_idle_timeout", cfg.TCPIdleTimeout,
@@ -95,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		"query_log", cfg.QueryLog.String(), "query_log_sample", float64(cfg.QueryLogSample),
 		"cache", cacheSummary(cfg))
 	if families := cfg.Allow.open(); families != "" {
-		log.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
+		a.eventLog.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
 			"allow", cfg.Allow.String())
 	}
 	if ready != nil {
@@ -113,12 +120,27 @@ serving:
 	a.eventLog.Info("shutting down: finishing the queries in flight") // queued: a stalled stderr holds no shutdown
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
 	defer cancel()
-	if err := a.shutdown(sctx); err != nil {
-		log.Warn("shutdown cut short", "err", err)
+	err = a.shutdown(sctx)
+	// The event queue is closed: the last lines go to stderr directly, and
+	// a stalled stderr gets finalLogWait of them before the process exits
+	// without them (TestAttackStalledStderrHoldsTheExit).
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		if err != nil {
+			log.Warn("shutdown cut short", "err", err)
+		}
+		log.Info("stopped")
+	}()
+	select {
+	case <-written:
+	case <-time.After(finalLogWait):
 	}
-	log.Info("stopped")
 	return 0
 }
+
+// finalLogWait bounds the writing of run's last lines to stderr.
+const finalLogWait = time.Second
 
 // clientSummary describes the per-client gate for the start-up log.
 func clientSummary(cfg Config) string {

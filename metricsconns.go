@@ -22,10 +22,14 @@ const maxMetricsConns = 64
 // that sends no next request for this long, so one held open and idle
 // frees its place; a scraper that comes back later reconnects.
 // metricsWriteTimeout bounds the writing of one response to a client that
-// does not read it.
+// does not read it. metricsReadTimeout bounds the reading of one request,
+// its body included: after the handler the server reads what is left of an
+// announced body, and without it a request whose body never came held its
+// place for good (TestAttackUnsentBodiesHoldTheMetricsListener).
 const (
 	metricsIdleTimeout  = 30 * time.Second
 	metricsWriteTimeout = 30 * time.Second
+	metricsReadTimeout  = 10 * time.Second
 )
 
 // serveMetrics serves mux on ln, at most maxMetricsConns connections at
@@ -34,6 +38,7 @@ func serveMetrics(ln net.Listener, mux http.Handler) *http.Server {
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       metricsReadTimeout,
 		WriteTimeout:      metricsWriteTimeout,
 		IdleTimeout:       metricsIdleTimeout,
 	}
