@@ -64,8 +64,22 @@ func addrError(key, value, want string, err error) error {
 	if errors.Is(err, errAddrSyntax) {
 		return fmt.Errorf("%s=%q: must be %s", key, value, want)
 	}
-	return fmt.Errorf("%s=%q: must name a host that resolves (%s)", key, value, strings.ReplaceAll(err.Error(), "\n", " "))
+	why := strings.ReplaceAll(err.Error(), "\n", " ")
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && !dnsErr.IsNotFound && (dnsErr.IsTimeout || dnsErr.IsTemporary) {
+		return &lookupError{fmt.Sprintf("%s=%q: its host could not be looked up for now (%s); try again", key, value, why)}
+	}
+	return fmt.Errorf("%s=%q: must name a host that resolves (%s)", key, value, why)
 }
+
+// lookupError is a host name that could not be looked up at start-up for
+// a reason that may pass (the resolver timed out or answered SERVFAIL):
+// not a bad value, so run exits 1, which a service manager restarts, and
+// not 2, which it takes for a configuration to fix and never restarts
+// (TestAttackTransientLookupFailureExitsAsConfigError).
+type lookupError struct{ msg string }
+
+func (e *lookupError) Error() string { return e.msg }
 
 // isLocalhost reports whether host is localhost or under it.
 func isLocalhost(host string) bool {

@@ -72,6 +72,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	cfg, err := loadConfig()
 	if err != nil {
 		fmt.Fprintf(stderr, "dnsproxi: %v\n", err)
+		if errors.As(err, new(*lookupError)) {
+			return 1
+		}
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
@@ -92,6 +95,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	// SIGTERM is heard (TestAttackStderrStalledAtStartIgnoresSIGTERM).
 	if w := cfg.loweredWarning(); w != "" { // once started: an error above is the one line printed
 		a.eventLog.Warn(w)
+	}
+	for _, u := range unknownVariables(os.Environ()) {
+		if u[1] != "" {
+			a.eventLog.Warn("not a dnsproxi variable, ignored", "variable", u[0], "did_you_mean", u[1])
+		} else {
+			a.eventLog.Warn("not a dnsproxi variable, ignored", "variable", u[0])
+		}
 	}
 	a.eventLog.Info("listening", "listen", a.server.LocalAddr().String(), "upstream", cfg.Upstream,
 		"upstream_timeout", cfg.UpstreamTimeout, "failover", failoverSummary(cfg), "rate_limit", cfg.RateLimit.String(), "upstream_rate_limit", outboundSummary(cfg),
