@@ -19,7 +19,7 @@ import (
 // link-local host is its link's network, and should not mint more.
 func TestAttackLinkLocalHostSpreadsOverBitsItChooses(t *testing.T) {
 	l := NewClientLimiter(ClientLimiterConfig{Rate: 1, Burst: 1}, NewManualClock(time.Now())) // /64, the default
-	same := []string{"fe80::1%2", "fe80::2%2"}                                                 // one link, two hosts: one /64
+	same := []string{"fe80::1%2", "fe80::2%2"}                                                // one link, two hosts: one /64
 	if !l.Allow(netip.MustParseAddr(same[0])) || l.Allow(netip.MustParseAddr(same[1])) {
 		t.Fatalf("%v and %v on one link do not share their /64's bucket of 1: the premise fails", same[0], same[1])
 	}
