@@ -241,15 +241,21 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64, st *sharedTake) bool {
 // in: a host chooses those bits of its own address, and with a XOR one on
 // link 2 that took fe80:0:h(2)^h(3)::1 had the key of fe80::1 on link 3, a
 // bucket on a network it cannot send from
-// (TestAttackLinkLocalHostAimsAtAnotherLinksBucket). The access list,
-// which matches configured prefixes, keeps the address as it is.
+// (TestAttackLinkLocalHostAimsAtAnotherLinksBucket). The rest of the
+// first 64 bits goes too: a host chooses bits 10–15 (fe80::/10 is
+// link-local) and 48–63 of its address as freely, and with them, at /64, it
+// had a fresh bucket for each of 2^22 addresses on one link
+// (TestAttackLinkLocalHostSpreadsOverBitsItChooses). So the first 64 bits
+// of a link-local key are fe80, the zone's hash, 0: the link is the
+// network. The access list, which matches configured prefixes, keeps the
+// address as it is.
 func (l *ClientLimiter) keyOf(addr netip.Addr) (k clientKey, ok bool) {
 	k, is4, ok := addrKey(addr)
 	if is4 {
 		return k.masked(l.mask4), ok
 	}
-	if z := addr.Zone(); z != "" && addr.IsLinkLocalUnicast() {
-		k.hi = k.hi&^(0xffffffff<<16) | uint64(zoneHash(z))<<16
+	if addr.IsLinkLocalUnicast() {
+		k.hi = 0xfe80<<48 | uint64(zoneHash(addr.Zone()))<<16
 	}
 	return k.masked(l.mask6), ok
 }

@@ -21,7 +21,7 @@ package guard
 // its burst, as if it had never been taken. For a prefix given a slot, the
 // shared bucket is asked under the shard's lock (a few nanoseconds under
 // its own mutex, which never takes a shard's): a new prefix the shared
-// bucket refuses still gets its slot, with its bucket full.
+// bucket refuses takes no slot, and evicts no one (clienttable.go's place).
 
 import (
 	"net/netip"
