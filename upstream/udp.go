@@ -176,6 +176,13 @@ func (s *udpSocket) keep(now time.Time) {
 	s.rotating, s.sent, s.expires = false, 0, now.Add(s.u.cfg.SocketLifetime)
 }
 
+// carrying reports whether the socket has a query waiting for its reply.
+func (s *udpSocket) carrying() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending) > 0
+}
+
 // retire stops the socket taking queries; it goes on reading.
 func (s *udpSocket) retire() {
 	s.mu.Lock()
