@@ -65,8 +65,7 @@ func addrError(key, value, want string, err error) error {
 		return fmt.Errorf("%s=%q: must be %s", key, value, want)
 	}
 	why := strings.ReplaceAll(err.Error(), "\n", " ")
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) && !dnsErr.IsNotFound && (dnsErr.IsTimeout || dnsErr.IsTemporary) {
+	if transientLookup(err) {
 		return &lookupError{fmt.Sprintf("%s=%q: its host could not be looked up for now (%s); try again", key, value, why)}
 	}
 	return fmt.Errorf("%s=%q: must name a host that resolves (%s)", key, value, why)
@@ -80,6 +79,13 @@ func addrError(key, value, want string, err error) error {
 type lookupError struct{ msg string }
 
 func (e *lookupError) Error() string { return e.msg }
+
+// transientLookup reports whether err is a host lookup that failed for a
+// reason that may pass: the resolver timed out or answered SERVFAIL.
+func transientLookup(err error) bool {
+	var dnsErr *net.DNSError
+	return errors.As(err, &dnsErr) && !dnsErr.IsNotFound && (dnsErr.IsTimeout || dnsErr.IsTemporary)
+}
 
 // isLocalhost reports whether host is localhost or under it.
 func isLocalhost(host string) bool {

@@ -119,8 +119,11 @@ func entryError(value string, n int, entry string, err error) error {
 	if errors.Is(err, errAddrSyntax) {
 		return fmt.Errorf("%s=%q: entry %d (%q) must be %s", keyUpstream, value, n, entry, upstreamWant)
 	}
-	return fmt.Errorf("%s=%q: entry %d (%q) must name a host that resolves (%s)", keyUpstream, value, n, entry,
-		strings.ReplaceAll(err.Error(), "\n", " "))
+	why := strings.ReplaceAll(err.Error(), "\n", " ")
+	if transientLookup(err) { // exit 1, restarted: TestAttackTransientLookupFailureInAListExitsAsConfigError
+		return &lookupError{fmt.Sprintf("%s=%q: entry %d (%q): its host could not be looked up for now (%s); try again", keyUpstream, value, n, entry, why)}
+	}
+	return fmt.Errorf("%s=%q: entry %d (%q) must name a host that resolves (%s)", keyUpstream, value, n, entry, why)
 }
 
 // checkFailover settles the hedge's default and applies the rules that tie
