@@ -120,7 +120,7 @@ func entryError(value string, n int, entry string, err error) error {
 		return fmt.Errorf("%s=%q: entry %d (%q) must be %s", keyUpstream, value, n, entry, upstreamWant)
 	}
 	why := strings.ReplaceAll(err.Error(), "\n", " ")
-	if transientLookup(err) { // exit 1, restarted: TestAttackTransientLookupFailureInAListExitsAsConfigError
+	if transientLookup(err) { // exit 1, restarted: TestAttackTransientLookupFailureExitsAsConfigError, its list case
 		return &lookupError{fmt.Sprintf("%s=%q: entry %d (%q): its host could not be looked up for now (%s); try again", keyUpstream, value, n, entry, why)}
 	}
 	return fmt.Errorf("%s=%q: entry %d (%q) must name a host that resolves (%s)", keyUpstream, value, n, entry, why)

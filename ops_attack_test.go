@@ -309,34 +309,44 @@ func TestAttackCrashExitsWithTheConfigErrorStatus(t *testing.T) {
 // does not wait for it). The name is fine, the next start would resolve
 // it, and the proxy stays down until someone starts it by hand. Here the
 // resolver is a fake one on loopback answering SERVFAIL.
+// The same holds for any entry of a list of upstreams
+// (TestAttackTransientLookupFailureInAListExitsAsConfigError, before which
+// only a lone upstream exited 1).
 func TestAttackTransientLookupFailureExitsAsConfigError(t *testing.T) {
-	resolver := startUpstream(t)
-	resolver.SetMode(fakeupstream.ServFail)
-	saved := net.DefaultResolver
-	net.DefaultResolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, resolver.Addr()) // never the system's resolver
-	}}
-	t.Cleanup(func() { net.DefaultResolver = saved })
-	up := startUpstream(t)
-	_, port, _ := net.SplitHostPort(up.Addr())
-	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off",
-		"DNS_UPSTREAM": "upstream.dnsproxi.test.:" + port})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs syncBuffer
-	exit := make(chan int, 1)
-	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(*app) { cancel() }) }()
-	select {
-	case code := <-exit:
-		if resolver.Total() == 0 {
-			t.Fatalf("the lookup never reached the fake resolver (exit %d): %s", code, logs.String())
-		}
-		if code == 2 {
-			t.Fatalf("a lookup answered SERVFAIL ends start-up with exit 2, the status of a bad value that is never restarted: %s", strings.TrimSpace(logs.String()))
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return")
+	for _, list := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a lone upstream", true: "the second of a list"}[list], func(t *testing.T) {
+			resolver := startUpstream(t)
+			resolver.SetMode(fakeupstream.ServFail)
+			saved := net.DefaultResolver
+			net.DefaultResolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, resolver.Addr()) // never the system's resolver
+			}}
+			t.Cleanup(func() { net.DefaultResolver = saved })
+			up := startUpstream(t)
+			_, port, _ := net.SplitHostPort(up.Addr())
+			upstreams := "upstream.dnsproxi.test.:" + port
+			if list {
+				upstreams = startUpstream(t).Addr() + "," + upstreams
+			}
+			setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_METRICS_ADDR": "off", "DNS_UPSTREAM": upstreams})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var logs syncBuffer
+			exit := make(chan int, 1)
+			go func() { exit <- run(ctx, nil, io.Discard, &logs, func(*app) { cancel() }) }()
+			select {
+			case code := <-exit:
+				if resolver.Total() == 0 {
+					t.Fatalf("the lookup never reached the fake resolver (exit %d): %s", code, logs.String())
+				}
+				if code == 2 {
+					t.Fatalf("a lookup answered SERVFAIL ends start-up with exit 2, the status of a bad value that is never restarted: %s", strings.TrimSpace(logs.String()))
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("run did not return")
+			}
+		})
 	}
 }
 
