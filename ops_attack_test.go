@@ -309,9 +309,8 @@ func TestAttackCrashExitsWithTheConfigErrorStatus(t *testing.T) {
 // does not wait for it). The name is fine, the next start would resolve
 // it, and the proxy stays down until someone starts it by hand. Here the
 // resolver is a fake one on loopback answering SERVFAIL.
-// The same holds for any entry of a list of upstreams
-// (TestAttackTransientLookupFailureInAListExitsAsConfigError, before which
-// only a lone upstream exited 1).
+// The same holds for any entry of a list of upstreams (before a review of
+// the fix, only a lone upstream exited 1).
 func TestAttackTransientLookupFailureExitsAsConfigError(t *testing.T) {
 	for _, list := range []bool{false, true} {
 		t.Run(map[bool]string{false: "a lone upstream", true: "the second of a list"}[list], func(t *testing.T) {
