@@ -115,6 +115,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 		a.eventLog.Warn("DNS_ALLOW: the access list is open, every "+families+" address may query; on a public address this is an open resolver",
 			"allow", cfg.Allow.String())
 	}
+	notifySocket := os.Getenv("NOTIFY_SOCKET")
+	if err := notifyServiceManager(notifySocket, "READY=1\nSTATUS=answering on "+a.server.LocalAddr().String()); err != nil {
+		a.eventLog.Warn("NOTIFY_SOCKET: the service manager was not told that the proxy is ready", "err", err)
+	}
 	if ready != nil {
 		ready(a)
 	}
@@ -128,6 +132,9 @@ serving:
 		}
 	}
 	a.eventLog.Info("shutting down: finishing the queries in flight") // queued: a stalled stderr holds no shutdown
+	if err := notifyServiceManager(notifySocket, "STOPPING=1\nSTATUS=finishing the queries in flight"); err != nil {
+		a.eventLog.Warn("NOTIFY_SOCKET: the service manager was not told that the proxy is stopping", "err", err)
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.UpstreamTimeout+time.Second)
 	defer cancel()
 	err = a.shutdown(sctx)

@@ -27,6 +27,7 @@ func TestSystemdUnit(t *testing.T) {
 	analyze := tool(t, "systemd-analyze", "systemd")
 	unit := string(readBytes(t, unitFile))
 	for _, want := range []string{
+		"Type=notify",
 		"ExecStart=" + unitBinary,
 		"EnvironmentFile=-/etc/default/dnsproxi",
 		"ExecReload=/bin/kill -HUP $MAINPID",
