@@ -6,9 +6,23 @@ import (
 	"strings"
 )
 
-// kubernetesService matches the variables Kubernetes puts in every pod for
-// a service named "dns" (DNS_SERVICE_HOST, DNS_PORT_53_UDP...): not ours.
-var kubernetesService = regexp.MustCompile(`^DNS_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\w+)?)$`)
+// Kubernetes puts variables in every pod for each service of its namespace:
+// for a service named "dns" or "dns-cache", DNS_SERVICE_HOST or
+// DNS_CACHE_SERVICE_HOST, DNS_SERVICE_PORT(_<port name>), DNS_PORT and
+// DNS_PORT_53_UDP (a URL: udp://10.0.0.10:53), DNS_PORT_53_UDP_PROTO,
+// _PORT and _ADDR. None is ours. kubernetesService matches the names only
+// a service's can have; kubernetesPort, DNS_<...>_PORT, is one only with a
+// URL for its value, else it is a misspelled setting (DNS_LISTEN_PORT=5353).
+var (
+	kubernetesService = regexp.MustCompile(`^DNS_(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$`)
+	kubernetesPort    = regexp.MustCompile(`^DNS_(\w+_)?PORT=(tcp|udp|sctp)://`)
+)
+
+// fromKubernetes reports whether kv ("KEY=value") is one of the variables
+// Kubernetes gives a pod for a service.
+func fromKubernetes(name, kv string) bool {
+	return kubernetesService.MatchString(name) || kubernetesPort.MatchString(kv)
+}
 
 // unknownVariables returns the DNS_ variables in environ ("KEY=value"
 // lines) that name no setting, each with the setting whose name is nearest
@@ -28,7 +42,7 @@ func unknownVariables(environ []string) [][2]string {
 	var out [][2]string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "DNS_") || known[name] || kubernetesService.MatchString(name) {
+		if !strings.HasPrefix(name, "DNS_") || known[name] || fromKubernetes(name, kv) {
 			continue
 		}
 		best, bestDist := "", 4 // at most 3 edits away
