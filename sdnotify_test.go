@@ -23,16 +23,47 @@ func listenNotify(t *testing.T, path string) *net.UnixConn {
 	return c
 }
 
-// nextNotice returns the next datagram on c, failing the test after 10 s.
-func nextNotice(t *testing.T, c *net.UnixConn, what string) string {
+// nextNotice returns the next datagram on c, failing the test if run
+// exits first (its code is sent on exit) or after 10 s.
+func nextNotice(t *testing.T, c *net.UnixConn, exit chan int, logs *syncBuffer, what string) string {
 	t.Helper()
-	buf := make([]byte, 4096)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, err := c.Read(buf)
-	if err != nil {
-		t.Fatalf("waiting for %s on NOTIFY_SOCKET: %v", what, err)
+	got := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			got <- "error: " + err.Error()
+			return
+		}
+		got <- string(buf[:n])
+	}()
+	select {
+	case msg := <-got:
+		if strings.HasPrefix(msg, "error: ") {
+			t.Fatalf("waiting for %s on NOTIFY_SOCKET: %s; log:\n%s", what, msg, logs.String())
+		}
+		return msg
+	case code := <-exit:
+		// A notice sent before the exit is in the socket already: the
+		// read returns it, or fails at its deadline.
+		msg := <-got
+		if strings.HasPrefix(msg, "error: ") {
+			t.Fatalf("run exited %d before %s: %s", code, what, logs.String())
+		}
+		exit <- code // for the caller's own check
+		return msg
 	}
-	return string(buf[:n])
+}
+
+// noticeValue returns the value of key in a notice's "KEY=value" lines.
+func noticeValue(msg, key string) (string, bool) {
+	for _, line := range strings.Split(msg, "\n") {
+		if v, ok := strings.CutPrefix(line, key+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // Under a service manager (systemd's Type=notify) the proxy says READY=1
@@ -48,8 +79,7 @@ func TestServiceManagerHearsReadyAndStopping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			notify := listenNotify(t, tc.socket)
 			up := startUpstream(t)
-			listen := freeUDPAddr(t)
-			setEnv(t, map[string]string{"DNS_LISTEN": listen, "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off",
+			setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off",
 				"NOTIFY_SOCKET": tc.socket})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -57,16 +87,21 @@ func TestServiceManagerHearsReadyAndStopping(t *testing.T) {
 			var logs syncBuffer
 			go func() { exit <- run(ctx, nil, io.Discard, &logs, nil) }()
 
-			msg := nextNotice(t, notify, "READY=1")
-			if !strings.Contains("\n"+msg+"\n", "\nREADY=1\n") {
+			msg := nextNotice(t, notify, exit, &logs, "READY=1")
+			if v, _ := noticeValue(msg, "READY"); v != "1" {
 				t.Fatalf("first notice %q, want READY=1 in it", msg)
+			}
+			status, _ := noticeValue(msg, "STATUS")
+			listen, ok := strings.CutPrefix(status, "answering on ")
+			if !ok {
+				t.Fatalf("first notice %q: want STATUS=answering on <address>", msg)
 			}
 			// READY=1 means answering: the query right after it is answered.
 			if r, err := tryAsk("udp", listen, query("www.example.com", 1), 2*time.Second); err != nil || r.Rcode != 0 {
 				t.Fatalf("query right after READY=1: %v, %v", r, err)
 			}
 			cancel()
-			if msg := nextNotice(t, notify, "STOPPING=1"); !strings.Contains("\n"+msg+"\n", "\nSTOPPING=1\n") {
+			if msg := nextNotice(t, notify, exit, &logs, "STOPPING=1"); !strings.Contains(msg+"\n", "STOPPING=1\n") {
 				t.Fatalf("notice after the stop signal %q, want STOPPING=1", msg)
 			}
 			select {
@@ -84,8 +119,7 @@ func TestServiceManagerHearsReadyAndStopping(t *testing.T) {
 // A NOTIFY_SOCKET that nobody listens on costs a warning, not the service.
 func TestUnreachableNotifySocketOnlyWarns(t *testing.T) {
 	up := startUpstream(t)
-	listen := freeUDPAddr(t)
-	setEnv(t, map[string]string{"DNS_LISTEN": listen, "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off",
+	setEnv(t, map[string]string{"DNS_LISTEN": "127.0.0.1:0", "DNS_UPSTREAM": up.Addr(), "DNS_METRICS_ADDR": "off",
 		"NOTIFY_SOCKET": filepath.Join(t.TempDir(), "nobody")})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -93,15 +127,16 @@ func TestUnreachableNotifySocketOnlyWarns(t *testing.T) {
 	exit := make(chan int, 1)
 	var logs syncBuffer
 	go func() { exit <- run(ctx, nil, io.Discard, &logs, func(a *app) { ready <- a }) }()
+	var a *app
 	select {
-	case <-ready:
+	case a = <-ready:
 	case code := <-exit:
 		t.Fatalf("run exited %d: %s", code, logs.String())
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not start listening")
 	}
 	waitFor(t, "the warning about NOTIFY_SOCKET", func() bool { return strings.Contains(logs.String(), "NOTIFY_SOCKET") })
-	if r, err := tryAsk("udp", listen, query("www.example.com", 1), 2*time.Second); err != nil || r.Rcode != 0 {
+	if r, err := tryAsk("udp", a.addr(), query("www.example.com", 1), 2*time.Second); err != nil || r.Rcode != 0 {
 		t.Fatalf("query: %v, %v", r, err)
 	}
 	cancel()
@@ -113,15 +148,4 @@ func TestUnreachableNotifySocketOnlyWarns(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return")
 	}
-}
-
-// freeUDPAddr returns a loopback UDP address free a moment ago.
-func freeUDPAddr(t *testing.T) string {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().String()
 }
