@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"dnsproxi/guard"
 )
@@ -171,37 +170,48 @@ func floodSources(t *testing.T, addr string, names []string, copies, sources int
 }
 
 // A flash crowd for names whose authority is slow: every client asks the
-// same few slow names at once, each client within its own bucket. Each name
-// goes upstream once per 65 askers (coalescing), well within the in-flight
-// cap, and its askers wait as followers. The polite client asks a name the
-// cache holds, fresh: nothing of the crowd's should stand between it and
-// its cached answer.
+// same few slow names at once, each client well within its own bucket.
+// Each name goes upstream once per 65 askers (coalescing), far within the
+// in-flight cap, and its askers wait as followers. The polite client asks a
+// name the cache holds, fresh: nothing of the crowd's should stand between
+// it and its cached answer.
 func TestAttackSlowNameCrowdSilencesCachedAnswers(t *testing.T) {
-	up := startUpstream(t)
-	up.SetDelay(5 * time.Second) // "slow" names: past the proxy's 1 s timeout
-	cfg := floodConfig(t, up.Addr())
-	a := startProxy(t, cfg, guard.RealClock{})
-	if r := askFrom(t, "udp", "127.0.0.2", a.addr(), ednsQuery("polite.example.com", dns.TypeA, 1232, false), 2*time.Second); r == nil || len(r.Answer) == 0 {
-		t.Fatalf("priming the cache: %v", r)
+	tests := []struct {
+		name          string
+		names, askers int // the crowd: askers of each of names
+		sources       int
+	}{
+		// 60 queries upstream (60 of 1,000 places under the cap), 3,540 followers
+		{"60 slow names, 60 askers each", 60, 60, 200},
+		// 48 queries upstream, 3,052 followers: one name everyone asks
+		{"one slow name, 3,100 askers", 1, 3100, 200},
 	}
-
-	stop := make(chan struct{})
-	pc := startPolite(t, a.addr(), "polite.example.com", stop)
-	time.Sleep(100 * time.Millisecond) // a baseline of polite queries before the crowd
-	var names []string
-	for i := range 60 {
-		names = append(names, fmt.Sprintf("slow.n%d.example.com", i))
-	}
-	// 60 names × 60 askers: 60 queries upstream (60 of 1,000 places under
-	// the cap), 3,540 followers; 3,600 queries from 200 sources, 18 each.
-	sent := floodSources(t, a.addr(), names, 60, 200)
-	time.Sleep(700 * time.Millisecond) // the crowd waits on the upstream for 1 s
-	close(stop)
-	<-pc.done
-	t.Logf("crowd: %d sent; polite client: %s; server dropped overloaded: %d",
-		sent, pc, int(testutil.ToFloat64(a.metrics.Dropped.WithLabelValues("overloaded"))))
-	if lost := pc.lost(); lost > 0 {
-		t.Errorf("the polite client lost %d queries for a fresh cached name while a crowd waited on slow names (%s)", lost, pc)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := startUpstream(t)
+			up.SetDelay(5 * time.Second) // "slow" names: past the proxy's 1 s timeout
+			cfg := floodConfig(t, up.Addr())
+			a := startProxy(t, cfg, guard.RealClock{})
+			if r := askFrom(t, "udp", "127.0.0.2", a.addr(), ednsQuery("polite.example.com", dns.TypeA, 1232, false), 2*time.Second); r == nil || len(r.Answer) == 0 {
+				t.Fatalf("priming the cache: %v", r)
+			}
+			stop := make(chan struct{})
+			pc := startPolite(t, a.addr(), "polite.example.com", stop)
+			time.Sleep(100 * time.Millisecond) // a baseline of polite queries before the crowd
+			var names []string
+			for i := range tt.names {
+				names = append(names, fmt.Sprintf("slow.n%d.example.com", i))
+			}
+			sent := floodSources(t, a.addr(), names, tt.askers, tt.sources)
+			time.Sleep(700 * time.Millisecond) // the crowd waits on the upstream for 1 s
+			close(stop)
+			<-pc.done
+			t.Logf("crowd: %d sent; polite client: %s; server dropped overloaded: %v; coalesced %v",
+				sent, pc, gathered(t, a, "dnsproxi_server_dropped_total", "reason=overloaded"), gathered(t, a, "dnsproxi_coalesced_total"))
+			if lost := pc.lost(); lost > 0 {
+				t.Errorf("the polite client lost %d queries for a fresh cached name while a crowd waited on slow names (%s)", lost, pc)
+			}
+		})
 	}
 }
 
