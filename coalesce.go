@@ -19,9 +19,16 @@ import (
 // A follower pays the entry gate like any query, but not the in-flight cap
 // and not the breaker: it adds no call to the upstream, so it must neither
 // take a place the cap keeps for calls nor take the half-open probe's place.
-// What bounds followers is the server's bound on unanswered queries
-// (MaxUnanswered) and maxFollowers per flight; beyond that a query goes to the
-// upstream on its own, through the cap and the breaker.
+// Followers are bounded twice. Per flight, by maxFollowers: beyond it a
+// query goes to the upstream on its own, through the cap and the breaker,
+// one more call per maxFollowers+1 clients. In all, by the proxy's
+// followerCap (followerBound): beyond it a query that would wait is answered
+// at once as the cap answers (stale if cached, else REFUSED, outcome
+// overloaded), not sent, for a crowd that filled it would otherwise be
+// one call a query. Without it, followers filled the server's bound on
+// unanswered queries (MaxUnanswered), and from then on the server dropped
+// every query, cached names included
+// (TestAttackSlowNameCrowdSilencesCachedAnswers).
 //
 // Never coalesced: UDP with TCP (a UDP leader may get a TC answer a TCP
 // client cannot use). Zone transfers never reach this point. Queries with
@@ -129,8 +136,54 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 	return f, true
 }
 
+// joinResult is what join made of a query.
+type joinResult uint8
+
+const (
+	notJoined  joinResult = iota // no flight to wait on: the query goes on
+	joined                       // it waits on a flight, or was answered stale at once; f is recycled
+	overloaded                   // a flight could take it, but followerCap waits already; f is the caller's
+)
+
+// followerBound is the proxy's bound on followers for the in-flight cap
+// maxInflight: the server's bound on unanswered queries (maxUnanswered)
+// less the cap's calls and followerRoom, kept for the queries answered
+// at once, cache hits first. With the cap off, half the server's bound.
+func followerBound(maxInflight int) int64 {
+	if maxInflight == 0 {
+		return unlimitedPending / 2
+	}
+	return int64(maxUnanswered(maxInflight)-maxInflight) - followerRoom
+}
+
+// followerRoom is what the server's bound keeps, beyond the cap's calls
+// and the followers, for queries that are answered at once.
+const followerRoom = 512
+
+// takeFollower takes a place among the followers, if followerCap allows.
+func (p *proxy) takeFollower() bool {
+	if p.followerCap == 0 {
+		return true
+	}
+	if p.followers.Add(1) > p.followerCap {
+		p.followers.Add(-1)
+		return false
+	}
+	return true
+}
+
+// releaseFollowers gives back the places of f's joiners, once they are answered.
+func (p *proxy) releaseFollowers(f *flight) {
+	if p.followerCap != 0 && len(f.joiners) > 0 {
+		p.followers.Add(-int64(len(f.joiners)))
+	}
+}
+
 // join adds f's leader to the flight with the same key, if one is in the
-// air with room, and reports whether it did; f is then recycled. A query
+// air with room, and reports joined if it did; f is then recycled. If a
+// flight could take it but the proxy's followers are at followerCap, it
+// reports overloaded (at step 2 only: a query that reaches joinOrShare has
+// passed the cap and the pool, and goes on as a call). A query
 // that holds an expired entry to answer stale from (stale.go) joins only a
 // flight that holds one too: a flight without one, a prefetch of the entry
 // while it was fresh, answers its waiters SERVFAIL if it fails and arms no
@@ -142,7 +195,7 @@ func (p *proxy) newFlight(w dnsserver.ResponseWriter, q *dnsserver.Query, qtype 
 // its own would make a flood of one expired name ask a dead upstream once
 // per maxFollowers+1 clients, or once per DNS_CACHE_STALE_WAIT with every
 // client waiting the timer out again.
-func (p *proxy) join(f *flight) bool { return p.joinOr(f, false) }
+func (p *proxy) join(f *flight) joinResult { return p.joinOr(f, false) }
 
 // joinOrShare is join, and if f joins nothing it puts f in the table for
 // others to join, first in its chain so that joiners find the newest
@@ -153,9 +206,9 @@ func (p *proxy) join(f *flight) bool { return p.joinOr(f, false) }
 // stale at once, as join does); f is then recycled. Flights with the same
 // key may still stand side by side: one that filled up, or fired, and the
 // one started beside it.
-func (p *proxy) joinOrShare(f *flight) bool { return p.joinOr(f, true) }
+func (p *proxy) joinOrShare(f *flight) joinResult { return p.joinOr(f, true) }
 
-func (p *proxy) joinOr(f *flight, share bool) bool {
+func (p *proxy) joinOr(f *flight, share bool) joinResult {
 	stale := f.cached.fallback.Stale()
 	if share && stale && !p.cache.servable(f.cached.fallback) {
 		// The entry left the stale window while f passed the cap and the
@@ -165,6 +218,7 @@ func (p *proxy) joinOr(f *flight, share bool) bool {
 		f.cached.fallback, f.cached.refresh, stale = cache.Hit{}, false, false
 	}
 	refreshing := false // a full flight refreshes f's entry
+	crowded := false    // a flight had room for f, the proxy had none
 	sh := p.flights[f.net].shard(f.hash)
 	sh.mu.Lock()
 	head := sh.chain(f.hash)
@@ -174,18 +228,23 @@ func (p *proxy) joinOr(f *flight, share bool) bool {
 				refreshing = refreshing || stale
 				continue
 			}
-			if len(g.joiners) >= maxFollowers {
-				refreshing = refreshing || stale && g.cached.fallback.Stale()
-				continue // full: a newer flight beside it may have room
-			}
 			if stale && !g.cached.fallback.Stale() {
 				continue // it could not answer f stale
+			}
+			if len(g.joiners) >= maxFollowers {
+				refreshing = refreshing || stale
+				continue // full: a newer flight beside it may have room
+			}
+			if !p.takeFollower() {
+				refreshing = refreshing || stale
+				crowded = true
+				continue
 			}
 			g.joiners = append(g.joiners, f.lead)
 			sh.mu.Unlock()
 			p.metrics.Coalesced.Inc()
 			f.recycle()
-			return true
+			return joined
 		}
 	}
 	if share && !refreshing {
@@ -193,12 +252,15 @@ func (p *proxy) joinOr(f *flight, share bool) bool {
 		*head = f
 	}
 	sh.mu.Unlock()
-	if refreshing {
+	switch {
+	case refreshing:
 		p.answerAtOnce(f, f.cached.fallback, metrics.Stale)
 		f.recycle()
-		return true
+		return joined
+	case crowded && !share:
+		return overloaded
 	}
-	return false
+	return notJoined
 }
 
 // fire marks f, in the table, as answered by its client-response timer:

@@ -255,3 +255,66 @@ func TestCoalescingBound(t *testing.T) {
 		t.Fatalf("forwarded %d, want %d", got, len(qs))
 	}
 }
+
+// The proxy's bound on followers in all (followerCap): a query a flight
+// could take, once that many wait, is answered at once as the in-flight
+// cap answers (REFUSED, outcome overloaded) and sends nothing; once the
+// flights land their places are free again, for the next crowd. Names of
+// several flights share the one bound.
+func TestCoalescingFollowerCap(t *testing.T) {
+	const followerCap = 5
+	fwd := &scripted{hold: true, reply: zone(nil)}
+	p, srv := unitProxy(nil, fwd)
+	p.followerCap = followerCap
+	for round := range 2 {
+		var qs []*dns.Msg
+		for i := range 12 { // two names, six askers each: 2 leaders, 5 followers, 5 refused
+			q := query([]string{"a.example.com", "b.example.com"}[i%2], dns.TypeA)
+			q.Id = uint16(i)
+			qs = append(qs, q)
+		}
+		ws := servedLater(t, srv, qs)
+		if got := len(fwd.sent()); got != 2*(round+1) {
+			t.Fatalf("round %d: %d queries upstream in all, want %d: one a name", round, got, 2*(round+1))
+		}
+		refused := 0
+		for _, w := range ws {
+			if len(w.out) == 1 {
+				if r := new(dns.Msg); r.Unpack(w.out[0]) != nil || r.Rcode != dns.RcodeRefused {
+					t.Fatalf("round %d: an answer before the upstream's that is not REFUSED", round)
+				}
+				refused++
+			}
+		}
+		if refused != len(qs)-2-followerCap || p.followers.Load() != followerCap {
+			t.Fatalf("round %d: %d refused with %d followers waiting, want %d and %d", round, refused, p.followers.Load(), len(qs)-2-followerCap, followerCap)
+		}
+		fwd.release()
+		for i, w := range ws {
+			if len(w.out) != 1 {
+				t.Fatalf("round %d: client %d: %d answers, want 1", round, i, len(w.out))
+			}
+		}
+		if n := p.followers.Load(); n != 0 {
+			t.Fatalf("round %d: %d followers counted after every flight landed", round, n)
+		}
+	}
+	if got, want := outcomes(p, "A", "overloaded"), 2*(12-2-followerCap); got != want {
+		t.Fatalf("overloaded %d, want %d", got, want)
+	}
+}
+
+// The bound the proxy derives leaves room in the server's bound on
+// unanswered queries for the queries answered at once, whatever the cap.
+func TestFollowerBoundLeavesRoom(t *testing.T) {
+	for _, maxInflight := range []int{0, 1, 10, 1000, 100000} {
+		calls := maxInflight
+		if maxInflight == 0 {
+			calls = 0 // no cap: the calls are bounded by the server alone
+		}
+		b := followerBound(maxInflight)
+		if b <= 0 || int64(calls)+b+followerRoom > int64(maxUnanswered(maxInflight)) {
+			t.Errorf("cap %d: %d followers and %d calls leave less than %d of the server's %d", maxInflight, b, calls, followerRoom, maxUnanswered(maxInflight))
+		}
+	}
+}

@@ -233,7 +233,8 @@ func newApp(cfg Config, clock guard.Clock, log *slog.Logger) (*app, error) {
 	}
 	p := &proxy{access: access, denied: denied, clients: clients, limiter: initLimiter(cfg, clock),
 		action: cfg.LimitAction, maxInflight: int64(cfg.MaxInflight), maxUDPSize: cfg.MaxUDPSize,
-		upstreams: ups, metrics: m, qlog: qlog, upstreamFor: cfg.Upstream, cache: answers}
+		followerCap: followerBound(cfg.MaxInflight),
+		upstreams:   ups, metrics: m, qlog: qlog, upstreamFor: cfg.Upstream, cache: answers}
 	if _, real := clock.(guard.RealClock); !real {
 		p.clock = clock
 	}

@@ -27,7 +27,9 @@ type proxy struct {
 	maxInflight int64              // cap on queries at the upstreams; 0: none
 	maxUDPSize  int                // largest UDP answer, and the size advertised upstream; 0: 1232
 	inflight    atomic.Int64
-	upstreams   *pool.Pool // forward gate (a breaker per upstream) and exchange
+	followerCap int64        // bound on the queries waiting on others' flights (coalesce.go); 0: none
+	followers   atomic.Int64 // the queries waiting on others' flights now
+	upstreams   *pool.Pool   // forward gate (a breaker per upstream) and exchange
 	metrics     *metrics.Metrics
 	flights     [2]flightTable // queries at the upstream that others may join: UDP, TCP
 	// landing, if set (tests only), runs in land between a flight's two
@@ -113,8 +115,18 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	if p.fromCache(f, coalesce, now) {
 		return
 	}
-	if coalesce && p.join(f) {
-		return
+	if coalesce {
+		switch p.join(f) {
+		case joined:
+			return
+		case overloaded: // as many wait on flights as the proxy lets wait
+			if p.refusedFromCache(f) { // stale if cached (stale.go)
+				return
+			}
+			f.recycle()
+			p.refuse(w, q, dns.RcodeRefused, edeOverloaded, qtype, metrics.Overloaded, start)
+			return
+		}
 	}
 
 	// 3. The cap on queries at the upstream: beyond it, REFUSED at once;
@@ -160,7 +172,7 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	// or a hedge at another upstream included (pool/). Each attempt tells
 	// its own breaker how it went; whatever happens to the query (an
 	// answer, a timeout, a network error, shutdown), f.land runs exactly once.
-	if coalesce && p.joinOrShare(f) { // an identical query started a flight since step 2
+	if coalesce && p.joinOrShare(f) == joined { // an identical query started a flight since step 2
 		p.leave()
 		x.Cancel()
 		return
@@ -231,6 +243,7 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 		p.recordTook(wt.qtype, metrics.UpstreamError, wt.start, took(now, wt.start), wt.client, wt.question(), dns.RcodeServerFailure, p.upstreamFor)
 	}
 	putBuf(bp, b)
+	p.releaseFollowers(f)
 	f.recycle()
 }
 

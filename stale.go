@@ -237,6 +237,7 @@ func (sw *staleWait) fire() {
 			p.writeCached(wt, f.cached.fallback, metrics.Stale)
 		}
 	}
+	p.releaseFollowers(f)
 	sw.release()
 }
 
