@@ -13,7 +13,8 @@ import (
 // FuzzStore feeds arbitrary replies to Store, under the key of their own
 // question (or a fixed one): it must never panic, and what it stores must
 // come back, at any age, as records that walk as a message with the counts
-// the hit gives, every TTL within the entry's.
+// the hit gives, every TTL within the entry's, every name readable (TTLs
+// counted down or set stale included: no pointer reaches them).
 func FuzzStore(f *testing.F) {
 	q := query("www.example.com.", dns.TypeA, wire.KeyRD|wire.KeyEDNS)
 	for _, m := range []*dns.Msg{
@@ -26,6 +27,9 @@ func FuzzStore(f *testing.F) {
 		m.SetEdns0(1232, true)
 		f.Add(pack(f, m), uint32(0))
 		f.Add(pack(f, m), uint32(400))
+		if len(m.Answer) > 0 {
+			f.Add(unreadable(f, pack(f, m)), uint32(0)) // a pointer at itself
+		}
 	}
 	fixed := keyOf(f, q)
 	c := newCache(f, Config{Size: MinSize, StaleWindow: time.Hour, MinTTL: time.Second, MaxNegativeTTL: time.Minute})
@@ -71,6 +75,9 @@ func FuzzStore(f *testing.F) {
 				t.Fatalf("a record says %d, over MaxTTL", ttl)
 			}
 			off += 10 + int(binary.BigEndian.Uint16(msg[off+8:]))
+		}
+		if !wire.NamesReadable(msg, qend, an+ns+ar) {
+			t.Fatal("the answer built from the entry holds a name no client reads")
 		}
 		if !h.Stale() && (h.TTL() == 0 || h.TTL() > entryTTL) {
 			t.Fatalf("fresh with TTL %d of %d", h.TTL(), entryTTL)

@@ -9,7 +9,11 @@ package cache
 //     FORMERR...), an extended RCODE (the OPT's upper bits, e.g. BADVERS,
 //     whose lower bits read as NOERROR), a NODATA or NXDOMAIN without an SOA
 //     (RFC 2308 §5), a zone transfer, a reply carrying an EDNS Client
-//     Subnet option, or one whose records do not walk.
+//     Subnet option, or one whose records do not walk or hold a name a
+//     client cannot read (wire.NamesReadable: a pointer that loops, points
+//     past the message or anywhere but an earlier name; RDATA that its
+//     names and fixed fields do not fill). Store refuses it like any
+//     other, so the entry it would have replaced stays as it was.
 //   - Kept: the records up to the OPT record, exactly as sent (compressed
 //     names point into the question and earlier records, which the answer
 //     built from them holds at the same offsets). The OPT record and
@@ -108,6 +112,9 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 	r.start, r.end = qend, sec.End
 	if sec.OPT.Present {
 		r.end = sec.OPTStart
+	}
+	if !wire.NamesReadable(msg, qend, r.an+r.ns+r.ar) {
+		return r, ErrMalformed // kept records only: what follows the OPT is dropped unread
 	}
 	r.negative = flags&0xF == rcodeNXDo || r.an == 0
 	least, soa, ok := leastTTL(msg, r.start, r.an, r.ns)
