@@ -268,12 +268,13 @@ func (tc *tcpConn) read() {
 // connection at any time, and one may answer a single query per
 // connection); once, if it delivered none (it may have closed an idle
 // connection as the query went out), so that an upstream that accepts and
-// closes is not dialled again and again. A failed connection sends its
-// queries again at most once, and only one that delivered a reply can send
-// a query a second time: the connections opened again are bounded by the
-// replies the upstream gave and the queries (tcpSlots for each at most),
-// not by the time left. The other queries end with err if it is ErrClosed,
-// else with errConnLost.
+// closes is not dialled again and again. Each such send is paid through
+// Config.AllowExtra (extra.go), and a query it refuses ends with
+// ErrLimited. A failed connection sends its queries again at most once,
+// and only one that delivered a reply can send a query a second time: the
+// connections opened again are bounded by the replies the upstream gave
+// and the queries (tcpSlots for each at most), not by the time left. The
+// other queries end with err if it is ErrClosed, else with errConnLost.
 func (tc *tcpConn) fail(err error) {
 	tc.mu.Lock()
 	if tc.dead {
@@ -290,15 +291,18 @@ func (tc *tcpConn) fail(err error) {
 	tc.signal() // lets the writer see it is dead
 	now := time.Now()
 	for _, c := range left {
-		if (answered || !c.retried) && now.Before(c.deadline) && !errors.Is(err, ErrClosed) {
+		switch {
+		case errors.Is(err, ErrClosed):
+			c.finish(nil, ErrClosed)
+		case c.retried && !answered, !now.Before(c.deadline):
+			c.finish(nil, errConnLost)
+		default:
+			if err := tc.p.u.extraSend(c); err != nil {
+				c.finish(nil, err)
+				continue
+			}
 			c.retried = c.retried || !answered
 			tc.p.send(c)
-			continue
-		}
-		if errors.Is(err, ErrClosed) {
-			c.finish(nil, ErrClosed)
-		} else {
-			c.finish(nil, errConnLost)
 		}
 	}
 }
