@@ -92,6 +92,38 @@ func (o *outcomes) wait(t *testing.T, d time.Duration) map[string]error {
 	return o.errs
 }
 
+// Against an upstream that answers one query per connection and closes,
+// each query left on a failed connection went out again on a new one, as
+// long as connections kept answering something: n pipelined queries cost
+// the upstream n(n+1)/2 (20: 210). A query goes out at most maxSends
+// times (extra.go), so the upstream reads at most maxSends*n, and every
+// query is reported exactly once all the same.
+func TestTCPResendsPerQueryAreBounded(t *testing.T) {
+	const n = 20
+	srv := newOneAnswerTCP(t, 30*time.Millisecond)
+	u := newUpstream(t, Config{Addr: srv.addr(), Timeout: 5 * time.Second})
+	o := newOutcomes(n)
+	for i := range n {
+		name := fmt.Sprintf("n%d.example.", i)
+		b, _ := q(name).Pack()
+		u.Forward(b, "tcp", o.result(name))
+	}
+	errs := o.wait(t, 10*time.Second)
+	answered := 0
+	for _, err := range errs {
+		if err == nil {
+			answered++
+		}
+	}
+	t.Logf("%d of %d answered; the upstream read %d queries on %d connections", answered, n, srv.seen.Load(), srv.conns.Load())
+	if got := srv.seen.Load(); got > maxSends*n {
+		t.Errorf("the upstream read %d queries for %d sent: more than %d sends a query", got, n, maxSends)
+	}
+	if answered < maxSends {
+		t.Errorf("%d answered, want %d at least: one a connection, and a query goes out on %d", answered, maxSends, maxSends)
+	}
+}
+
 // hook is a Config.AllowExtra that answers allow and counts what it was asked.
 type hook struct {
 	allow atomic.Bool

@@ -263,18 +263,20 @@ func (tc *tcpConn) read() {
 }
 
 // fail closes the connection and takes its queries out. While a query has
-// time left, it goes out again on another connection: each time, if this
-// connection delivered a reply (RFC 7766 lets an upstream close a
-// connection at any time, and one may answer a single query per
-// connection); once, if it delivered none (it may have closed an idle
-// connection as the query went out), so that an upstream that accepts and
-// closes is not dialled again and again. Each such send is paid through
-// Config.AllowExtra (extra.go), and a query it refuses ends with
-// ErrLimited. A failed connection sends its queries again at most once,
-// and only one that delivered a reply can send a query a second time: the
-// connections opened again are bounded by the replies the upstream gave
-// and the queries (tcpSlots for each at most), not by the time left. The
-// other queries end with err if it is ErrClosed, else with errConnLost.
+// time left, it goes out again on another connection: if this connection
+// delivered a reply (RFC 7766 lets an upstream close a connection at any
+// time, and one may answer a single query per connection), as long as the
+// query may go out at all (maxSends, extra.go); once, if it delivered none
+// (it may have closed an idle connection as the query went out), so that
+// an upstream that accepts and closes is not dialled again and again. Each
+// such send is paid through Config.AllowExtra, and a query it refuses ends
+// with ErrLimited. A failed connection sends its queries again at most
+// once, only one that delivered a reply can send a query a second time,
+// and no query goes out more than maxSends times: the upstream reads at
+// most maxSends times the queries forwarded, and the connections opened
+// again are bounded by the replies the upstream gave and the queries
+// (tcpSlots for each at most), not by the time left. The other queries end
+// with err if it is ErrClosed, else with errConnLost.
 func (tc *tcpConn) fail(err error) {
 	tc.mu.Lock()
 	if tc.dead {
@@ -297,12 +299,15 @@ func (tc *tcpConn) fail(err error) {
 		case c.retried && !answered, !now.Before(c.deadline):
 			c.finish(nil, errConnLost)
 		default:
-			if err := tc.p.u.extraSend(c); err != nil {
-				c.finish(nil, err)
-				continue
+			switch again := tc.p.u.extraSend(c); {
+			case errors.Is(again, ErrLimited):
+				c.finish(nil, ErrLimited)
+			case again != nil: // sent as often as a query may be
+				c.finish(nil, errConnLost)
+			default:
+				c.retried = c.retried || !answered
+				tc.p.send(c)
 			}
-			c.retried = c.retried || !answered
-			tc.p.send(c)
 		}
 	}
 }

@@ -397,6 +397,7 @@ type call struct {
 	lastSent time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
 	doneAt   ResultAt // instead of done, for ForwardAt
+	sends    int      // times it went out or is going out, the caller's send included: maxSends at most (extra.go)
 	retried  bool     // sent again after a TCP connection that delivered no reply failed
 	mixed    bool     // the name went out in a random case (0x20): a reply must echo it
 	suspect  bool     // a reply in another case came for this send
@@ -412,6 +413,7 @@ func newCall(u *Upstream, query []byte, qend int, done Result, sent, deadline ti
 	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
 	c.clientID, c.qend, c.sent, c.deadline, c.done, c.doneAt = wire.ID(query), qend, sent, deadline, done, nil
 	c.lastSent = time.Time{}
+	c.sends = 1
 	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
 }
