@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -20,6 +21,16 @@ import (
 // replies is held by the upstreams' readers while they hand out a batch;
 // queries gets the upstreams' UDP writers.
 func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.Logger, replies, queries *batchio.Group) (*pool.Pool, error) {
+	outbound, err := newOutbound(cfg, clock, m, log) // outbound.go; the pool closes it
+	if err != nil {
+		return nil, err
+	}
+	// What an upstream sends on its own (a query sent again, the TCP fetch,
+	// 0x20 probes) pays the outbound limit as the pool's attempts do.
+	var allowExtra func() bool
+	if outbound != nil {
+		allowExtra = func() bool { return outbound.Allow(1) }
+	}
 	names := cfg.Upstreams()
 	members := make([]pool.Member, 0, len(names))
 	clients := make([]*upstream.Upstream, 0, len(names))
@@ -32,6 +43,7 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 			AvoidPorts:  ownPorts(cfg),
 			Replies:     replies,
 			Queries:     queries,
+			AllowExtra:  allowExtra,
 			OnCaseFallback: func() {
 				log.Warn("upstream does not echo the query name's letter case: 0x20 is off for it from now on",
 					"upstream", name)
@@ -39,6 +51,9 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 		})
 		if err != nil {
 			for _, c := range clients {
+				c.Close()
+			}
+			if c, ok := outbound.(io.Closer); ok {
 				c.Close()
 			}
 			return nil, err
@@ -63,13 +78,6 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 	var budget *guard.RetryBudget
 	if cfg.RetryBudget > 0 {
 		budget = guard.NewRetryBudget(guard.RetryBudgetConfig{Ratio: float64(cfg.RetryBudget) / 100}, clock)
-	}
-	outbound, err := newOutbound(cfg, clock, m, log) // outbound.go; the pool closes it
-	if err != nil {
-		for _, c := range clients {
-			c.Close()
-		}
-		return nil, err
 	}
 	return pool.New(pool.Config{
 		Members:  members,

@@ -113,10 +113,12 @@ func (u *Upstream) probeQuery() []byte {
 	return append(q, localhostQuestion...)
 }
 
-// sendProbe sends query as a probe: its outcome goes to probeDone.
+// sendProbe sends query as a probe: its outcome goes to probeDone. A probe
+// Config.AllowExtra refuses is not sent, and the series ends as if it had
+// no reply: it proves nothing, and the next suspect starts another.
 func (u *Upstream) sendProbe(query []byte) {
 	qend, ok := wire.QuestionEnd(query)
-	if !ok || u.closed.Load() {
+	if !ok || u.closed.Load() || !u.allowExtra() {
 		u.cases.probing.Store(false)
 		return
 	}
@@ -143,7 +145,8 @@ func (u *Upstream) probeDone(query, _ []byte, err error) {
 }
 
 // switchToPlainCase turns 0x20 off for good and sends the suspect queries
-// again in the caller's case: they had their one reply already.
+// again in the caller's case: they had their one reply already. Each
+// re-send is paid (extra.go); one refused ends with ErrLimited.
 func (u *Upstream) switchToPlainCase() {
 	if u.cases.plain.Swap(true) {
 		return
@@ -155,9 +158,13 @@ func (u *Upstream) switchToPlainCase() {
 	for _, sl := range u.socks {
 		again = sl.takeSuspects(again)
 	}
-	u.cases.resends.Add(uint64(len(again)))
 	now := time.Now()
 	for _, c := range again {
+		if err := u.extraSend(c); err != nil { // not paid (extra.go)
+			c.finishAt(now, nil, err)
+			continue
+		}
+		u.cases.resends.Add(1)
 		u.sendUDP(c, now)
 	}
 }

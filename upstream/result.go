@@ -11,7 +11,8 @@ package upstream
 //     upstream answered nothing else in time.
 //   - Uncounted is everything that says nothing about the upstream: a
 //     query cut short by Close, one never sent (no question, no free ID, a
-//     full send queue: the proxy's own limits, not the upstream's), and a
+//     full send queue, the outbound limit on a send again: the proxy's own
+//     limits, not the upstream's), and a
 //     timeout while the upstream answered other queries.
 //
 // The last rule is what tells a dead upstream from a slow name. A name whose
@@ -124,9 +125,11 @@ func Judge(reply []byte, err error) Verdict {
 
 // NotSent reports whether err ended a query before it left the process: no
 // question to match a reply against, no free message ID, a full send
-// queue. Those are the proxy's own limits; the upstream was not asked.
+// queue, or the outbound limit refused to send it again (ErrLimited).
+// Those are the proxy's own limits; the upstream was not asked.
 func NotSent(err error) bool {
-	return errors.Is(err, ErrBusy) || errors.Is(err, ErrNoQuery) || errors.Is(err, batchio.ErrQueueFull)
+	return errors.Is(err, ErrBusy) || errors.Is(err, ErrNoQuery) || errors.Is(err, batchio.ErrQueueFull) ||
+		errors.Is(err, ErrLimited)
 }
 
 // markAnswered stamps now, the moment a valid reply was taken in time for a

@@ -263,17 +263,20 @@ func (tc *tcpConn) read() {
 }
 
 // fail closes the connection and takes its queries out. While a query has
-// time left, it goes out again on another connection: each time, if this
-// connection delivered a reply (RFC 7766 lets an upstream close a
-// connection at any time, and one may answer a single query per
-// connection); once, if it delivered none (it may have closed an idle
-// connection as the query went out), so that an upstream that accepts and
-// closes is not dialled again and again. A failed connection sends its
-// queries again at most once, and only one that delivered a reply can send
-// a query a second time: the connections opened again are bounded by the
-// replies the upstream gave and the queries (tcpSlots for each at most),
-// not by the time left. The other queries end with err if it is ErrClosed,
-// else with errConnLost.
+// time left, it goes out again on another connection: if this connection
+// delivered a reply (RFC 7766 lets an upstream close a connection at any
+// time, and one may answer a single query per connection), as long as the
+// query may go out at all (maxSends, extra.go); once, if it delivered none
+// (it may have closed an idle connection as the query went out), so that
+// an upstream that accepts and closes is not dialled again and again. Each
+// such send is paid through Config.AllowExtra, and a query it refuses ends
+// with ErrLimited. A failed connection sends its queries again at most
+// once, only one that delivered a reply can send a query a second time,
+// and no query goes out more than maxSends times: the upstream reads at
+// most maxSends times the queries forwarded, and the connections opened
+// again are bounded by the replies the upstream gave and the queries
+// (tcpSlots for each at most), not by the time left. The other queries end
+// with err if it is ErrClosed, else with errConnLost.
 func (tc *tcpConn) fail(err error) {
 	tc.mu.Lock()
 	if tc.dead {
@@ -290,15 +293,21 @@ func (tc *tcpConn) fail(err error) {
 	tc.signal() // lets the writer see it is dead
 	now := time.Now()
 	for _, c := range left {
-		if (answered || !c.retried) && now.Before(c.deadline) && !errors.Is(err, ErrClosed) {
-			c.retried = c.retried || !answered
-			tc.p.send(c)
-			continue
-		}
-		if errors.Is(err, ErrClosed) {
+		switch {
+		case errors.Is(err, ErrClosed):
 			c.finish(nil, ErrClosed)
-		} else {
+		case c.retried && !answered, !now.Before(c.deadline):
 			c.finish(nil, errConnLost)
+		default:
+			switch again := tc.p.u.extraSend(c); {
+			case errors.Is(again, ErrLimited):
+				c.finish(nil, ErrLimited)
+			case again != nil: // sent as often as a query may be
+				c.finish(nil, errConnLost)
+			default:
+				c.retried = c.retried || !answered
+				tc.p.send(c)
+			}
 		}
 	}
 }

@@ -312,10 +312,18 @@ func (s *udpSocket) serveReplies(n int) {
 		case c == nil:
 		case v == replyLate:
 			c.finishAt(now, nil, s.u.pastDeadline(c))
-		case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case
+		case v == replyCaseChanged: // 0x20 is off now: again, in the caller's case, if paid (extra.go)
+			if err := s.u.extraSend(c); err != nil {
+				c.finishAt(now, nil, err)
+				continue
+			}
 			s.u.cases.resends.Add(1)
 			s.u.sendUDP(c, now)
-		case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline
+		case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline, if paid
+			if err := s.u.extraSend(c); err != nil {
+				c.finishAt(now, nil, err)
+				continue
+			}
 			c.unmix()
 			s.u.forwardTCP(c)
 		default: // an answer, TC set or not: a TC answer would not fit the client either

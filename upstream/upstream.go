@@ -59,6 +59,9 @@ var (
 	ErrBusy    = errors.New("upstream: no free message ID on the socket")
 	ErrNoQuery = errors.New("upstream: query has no question to match a reply against")
 	ErrClosed  = errors.New("upstream: closed")
+	// ErrLimited ends a query the upstream would have sent again on its
+	// own (extra.go) when Config.AllowExtra refused: it was not sent.
+	ErrLimited = errors.New("upstream: the outbound limit refused to send the query again")
 )
 
 // Result receives the outcome of one query, exactly once: query is the
@@ -96,6 +99,16 @@ type Config struct {
 	OnCaseFallback func()
 
 	TCPIdle time.Duration // a TCP connection that delivers no reply for this long is closed (default 10s)
+
+	// AllowExtra, if set, is asked right before each query the upstream
+	// puts on the wire beyond the one send Forward was asked for: a query
+	// sent again on a new TCP connection, the fetch over TCP of a UDP reply
+	// too large to read, a query sent again in the caller's case once 0x20
+	// is off, a 0x20 probe. The caller pays its outbound limit with it.
+	// false: that query is not sent; it ends with ErrLimited (a probe
+	// series ends). It runs on the upstream's own goroutines, no lock held,
+	// and must not block. nil: every such send goes out.
+	AllowExtra func() bool
 
 	// Replies, if set, is held while a UDP socket's reader hands a batch of
 	// replies to their queries: the writers the answers to those queries
@@ -384,6 +397,7 @@ type call struct {
 	lastSent time.Time // when it last went out over UDP: an exact reply's time is measured from it
 	done     Result
 	doneAt   ResultAt // instead of done, for ForwardAt
+	sends    int      // times it went out or is going out, the caller's send included: maxSends at most (extra.go)
 	retried  bool     // sent again after a TCP connection that delivered no reply failed
 	mixed    bool     // the name went out in a random case (0x20): a reply must echo it
 	suspect  bool     // a reply in another case came for this send
@@ -399,6 +413,7 @@ func newCall(u *Upstream, query []byte, qend int, done Result, sent, deadline ti
 	c.name = append(c.name[:0], query[wire.HeaderLen:qend-4]...)
 	c.clientID, c.qend, c.sent, c.deadline, c.done, c.doneAt = wire.ID(query), qend, sent, deadline, done, nil
 	c.lastSent = time.Time{}
+	c.sends = 1
 	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
 	return c
 }
