@@ -8,6 +8,7 @@ import (
 	"github.com/miekg/dns"
 
 	"dnsproxi/internal/wire"
+	"dnsproxi/metrics"
 	"dnsproxi/upstream"
 )
 
@@ -32,6 +33,29 @@ var (
 	edeTimeout      = &ede{dns.ExtendedErrorCodeNoReachableAuthority, "upstream timed out"}
 	edeNetworkError = &ede{dns.ExtendedErrorCodeNetworkError, "no valid reply from upstream"}
 )
+
+// upstreamFailure is how a client is answered when its query's exchange
+// ended without a usable reply.
+type upstreamFailure struct {
+	rcode   int
+	ede     *ede
+	outcome metrics.Outcome
+}
+
+// failureOf is the answer to a query whose exchange ended with err (nil: a
+// reply came that is not a valid answer): SERVFAIL with upstreamEDE's
+// code, counted upstream_error — unless the upstream layer meant to send
+// the query again on its own (a TCP re-send, a fetch over TCP) and the
+// outbound limit had no token for it (upstream.ErrLimited). The proxy's
+// own limit ended that query, as it ends a first attempt at handleQuery's
+// step 4b, and the client is told so in the same words: REFUSED, EDE 0
+// "upstream rate limit", counted upstream_limited.
+func failureOf(err error) upstreamFailure {
+	if errors.Is(err, upstream.ErrLimited) {
+		return upstreamFailure{dns.RcodeRefused, edeOutbound, metrics.UpstreamLimited}
+	}
+	return upstreamFailure{dns.RcodeServerFailure, upstreamEDE(err), metrics.UpstreamError}
+}
 
 // upstreamEDE is the Extended DNS Error of an exchange that failed with err
 // (nil: a reply came that is not a valid answer): No Reachable Authority

@@ -216,9 +216,9 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 	if !f.claimWaiters() {
 		return
 	}
-	var failed *ede
+	var failed upstreamFailure
 	if !ok {
-		failed = upstreamEDE(err)
+		failed = failureOf(err)
 	}
 	bp := getBuf()
 	b := *bp
@@ -237,10 +237,11 @@ func (f *flight) land(now time.Time, _, reply []byte, err error) {
 			p.recordTook(wt.qtype, metrics.Forwarded, wt.start, took(now, wt.start), wt.client, wt.question(), ua.rcodeFor(b, wt), p.upstreamFor)
 			continue
 		}
-		// A failure, or a reply whose records cannot be walked: SERVFAIL.
-		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, dns.RcodeServerFailure, failed)
+		// A failure, or a reply whose records cannot be walked: SERVFAIL
+		// (REFUSED when the outbound limit stopped a re-send).
+		b = p.appendOwn(b[:0], wt.id, wt.flags, wt.question(), wt.edns, wt.do, failed.rcode, failed.ede)
 		wt.w.Write(b)
-		p.recordTook(wt.qtype, metrics.UpstreamError, wt.start, took(now, wt.start), wt.client, wt.question(), dns.RcodeServerFailure, p.upstreamFor)
+		p.recordTook(wt.qtype, failed.outcome, wt.start, took(now, wt.start), wt.client, wt.question(), failed.rcode, p.upstreamFor)
 	}
 	putBuf(bp, b)
 	p.releaseFollowers(f)

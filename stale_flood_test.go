@@ -87,6 +87,10 @@ func TestStaleAfterTimerWhileRefreshIsOut(t *testing.T) {
 	primeAndExpire(t, a, clock)
 	up.SetMode(fakeupstream.Blackhole)
 	got := askWhileStaleWaits(t, a, clock)
+	// The refresh is sent before the clients wait, but the upstream reads
+	// it on its own goroutine: on a loaded machine the count below could
+	// be taken before it did.
+	waitFor(t, "the refresh to reach the upstream", func() bool { return up.Total() >= 2 })
 	clock.Advance(time.Second)
 	staleAfterTimer(t, got)
 

@@ -122,3 +122,55 @@ func TestAttackTCPResendsPassTheOutboundLimit(t *testing.T) {
 		t.Errorf("the upstream read %d queries for %d tokens of the outbound limit: resends on a new connection pay no token", got, n)
 	}
 }
+
+// A query the upstream layer would have sent again, on its own, but for
+// which the outbound limit had no token (upstream.ErrLimited) was never
+// answered by the upstream: the proxy's own limit stopped it, as it stops
+// a first attempt. Its client must hear that — REFUSED with EDE 0
+// "upstream rate limit", counted upstream_limited — not SERVFAIL "no valid
+// reply from upstream", counted upstream_error, which blames the upstream
+// and trips nothing the operator can find in the outbound limit's figures.
+func TestAttackRefusedResendIsAnsweredAsTheOutboundLimit(t *testing.T) {
+	const n = 6
+	up := startOneAnswerUpstream(t, 30*time.Millisecond)
+	cfg := testConfig(up.ln.Addr().String())
+	cfg.UpstreamTimeout = 2 * time.Second
+	cfg.UpstreamRateLimit = RateLimit{Rate: 0.001, Burst: n} // the first sends, and no re-send
+	a := startProxy(t, cfg, nil)
+
+	c, err := net.DialTimeout("tcp", a.addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := &dns.Conn{Conn: c}
+	for i := range n {
+		m := query(fmt.Sprintf("n%d.example.com", i), dns.TypeA)
+		m.SetEdns0(1232, false) // for the EDE
+		if err := conn.WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answered, limited := 0, 0
+	for range n {
+		r, err := conn.ReadMsg()
+		if err != nil {
+			t.Fatalf("after %d answers: %v", answered+limited, err)
+		}
+		switch e, ok := edeOf(r); {
+		case r.Rcode == dns.RcodeSuccess:
+			answered++
+		case r.Rcode == dns.RcodeRefused && ok && e.InfoCode == dns.ExtendedErrorCodeOther && e.ExtraText == "upstream rate limit":
+			limited++
+		default:
+			t.Errorf("answer %s with EDE %v: want NOERROR, or REFUSED with EDE 0 \"upstream rate limit\"", rcodeName(r), e)
+		}
+	}
+	if answered == 0 || limited == 0 {
+		t.Fatalf("%d answered, %d refused by the outbound limit: the test needs both", answered, limited)
+	}
+	if got := count(a, "A", "upstream_limited", limited); got != limited {
+		t.Errorf("upstream_limited = %d, want %d (upstream_error = %d)", got, limited, count(a, "A", "upstream_error", 0))
+	}
+}

@@ -31,7 +31,7 @@ const (
 	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
 	Cached                         // answered from the cache, TTLs counted down; nothing sent upstream
 	Stale                          // answered from an expired cache entry (RFC 8767): TTL 30, EDE 3 or 19
-	UpstreamLimited                // its first attempt refused by the outbound limit: REFUSED
+	UpstreamLimited                // an attempt refused by the outbound limit (its first, or a re-send of the upstream layer's own): REFUSED
 	numOutcomes
 )
 
