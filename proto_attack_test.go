@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"dnsproxi/internal/wire"
 )
 
 // These tests come from an adversarial review of what the proxy does with a
@@ -198,5 +200,71 @@ func TestProtoTCPHalfCloseStillGetsItsAnswers(t *testing.T) {
 	}
 	if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
 		t.Fatalf("after the last answer: %d bytes, %v; want EOF (the proxy's FIN)", n, err)
+	}
+}
+
+// protoQuery is a query with one question (name in wire form, qtype, class
+// IN) and the given header flags.
+func protoQuery(id, flags uint16, name []byte, qtype uint16) []byte {
+	b := make([]byte, 12, 12+len(name)+4)
+	binary.BigEndian.PutUint16(b, id)
+	binary.BigEndian.PutUint16(b[2:], flags)
+	binary.BigEndian.PutUint16(b[4:], 1)
+	b = append(b, name...)
+	b = binary.BigEndian.AppendUint16(b, qtype)
+	return binary.BigEndian.AppendUint16(b, dns.ClassINET)
+}
+
+// Legal but unusual headers and names, over the wire. Opcodes IQUERY,
+// STATUS and UPDATE get NOTIMP (counted notimp), the opcode echoed; TC, Z
+// or an RCODE set on a query change nothing (forwarded); a name whose
+// labels hold a zero byte, a dot, a space and a byte above 0x7F with its
+// 0x20 bit clear (0xC1, which 0x20 randomisation must leave alone) comes
+// back byte for byte, upper-case letters included. These passed: they
+// guard the README's "its question back byte for byte" and "an opcode
+// other than QUERY gets NOTIMP".
+func TestProtoUnusualHeadersAndNames(t *testing.T) {
+	up := startUpstream(t)
+	a := startProxy(t, testConfig(up.Addr()), nil)
+	www := []byte{3, 'w', 'W', 'w', 7, 'e', 'x', 'a', 'm', 'p', 'l', 'e', 0}
+	oddName := []byte{5, 0xC1, 0x00, '.', ' ', 'Q', 7, 'E', 'x', 'A', 'm', 'P', 'l', 'E', 0}
+	tests := []struct {
+		name    string
+		pkt     []byte
+		rcode   int
+		outcome string
+	}{
+		{"IQUERY", protoQuery(1, wire.FlagRD|1<<11, www, dns.TypeA), dns.RcodeNotImplemented, "notimp"},
+		{"STATUS", protoQuery(2, wire.FlagRD|2<<11, www, dns.TypeA), dns.RcodeNotImplemented, "notimp"},
+		{"UPDATE", protoQuery(3, 5<<11, www, dns.TypeSOA), dns.RcodeNotImplemented, "notimp"},
+		{"TC set", protoQuery(4, wire.FlagRD|wire.FlagTC, www, dns.TypeA), dns.RcodeSuccess, "forwarded"},
+		{"Z set", protoQuery(5, wire.FlagRD|0x40, www, dns.TypeA), dns.RcodeSuccess, "forwarded"},
+		{"RCODE set", protoQuery(6, wire.FlagRD|dns.RcodeRefused, www, dns.TypeA), dns.RcodeSuccess, "forwarded"},
+		{"binary name", protoQuery(7, wire.FlagRD, oddName, dns.TypeA), dns.RcodeSuccess, "forwarded"},
+	}
+	counts := map[string]int{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := sendRaw(t, a.addr(), tt.pkt, 2*time.Second)
+			if len(b) < len(tt.pkt) {
+				t.Fatalf("answer %x", b)
+			}
+			qend := len(tt.pkt)
+			if wire.ID(b) != wire.ID(tt.pkt) || string(b[12:qend]) != string(tt.pkt[12:qend]) {
+				t.Fatalf("answer %x: want ID and question of %x byte for byte", b[:qend], tt.pkt)
+			}
+			flags := wire.Flags(b)
+			if int(flags&0xF) != tt.rcode || wire.Opcode(b) != wire.Opcode(tt.pkt) || flags&wire.FlagQR == 0 {
+				t.Fatalf("flags %#04x: want QR, opcode %d, rcode %d", flags, wire.Opcode(tt.pkt), tt.rcode)
+			}
+			qtype := "A"
+			if wire.QType(tt.pkt, qend) == dns.TypeSOA {
+				qtype = "SOA"
+			}
+			counts[qtype+" "+tt.outcome]++
+			if got := count(a, qtype, tt.outcome, counts[qtype+" "+tt.outcome]); got != counts[qtype+" "+tt.outcome] {
+				t.Fatalf("%s %s counted %d, want %d", qtype, tt.outcome, got, counts[qtype+" "+tt.outcome])
+			}
+		})
 	}
 }
