@@ -63,9 +63,10 @@ type upstreamAnswer struct {
 
 // readUpstreamAnswer reads reply, an answer to the question q. It reports
 // false for a reply whose records cannot be walked, whose question is not
-// q's, or whose rcode is about the proxy's own OPT (hopError). Records after the OPT record (a TSIG or SIG(0) signs the
-// upstream's hop and cannot be verified by the client) are left behind with
-// it: copying them would move whatever their compressed names point at.
+// q's, or whose rcode is about the proxy's own OPT (hopError). The OPT
+// record and a transaction signature (TSIG or SIG(0): it signs the
+// upstream's hop, with a key the client does not hold) are left behind,
+// with whatever follows them (wire.Sections.Relayed).
 func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
 	var ua upstreamAnswer
 	if len(reply) < wire.HeaderLen {
@@ -86,14 +87,14 @@ func readUpstreamAnswer(reply, q []byte) (upstreamAnswer, bool) {
 		ua.flags = wire.Flags(reply)
 		return ua, true
 	}
-	ua.flags, ua.an, ua.ns, ua.ar = wire.Flags(reply), sec.AN, sec.NS, sec.AR
-	ua.records = reply[qend:sec.End]
+	end, ar := sec.Relayed()
+	ua.flags, ua.an, ua.ns, ua.ar = wire.Flags(reply), sec.AN, sec.NS, ar
+	ua.records = reply[qend:end]
 	if sec.OPT.Present {
 		if hopError(sec.OPT.ExtRcode<<4 | int(ua.flags&0xF)) {
 			return ua, false
 		}
-		ua.ext, ua.ar = sec.OPT.ExtRcode, sec.AR-sec.AfterOPT
-		ua.records, ua.optData = reply[qend:sec.OPTStart], reply[sec.OPTData:sec.OPTEnd]
+		ua.ext, ua.optData = sec.OPT.ExtRcode, reply[sec.OPTData:sec.OPTEnd]
 	}
 	return ua, true
 }

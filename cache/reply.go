@@ -108,13 +108,11 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 		return r, ErrUncacheable
 	}
 	r.flags = flags & (wire.FlagRA | wire.FlagAD | 0xF)
-	r.an, r.ns, r.ar = sec.AN, sec.NS, sec.AR-sec.AfterOPT
-	r.start, r.end = qend, sec.End
-	if sec.OPT.Present {
-		r.end = sec.OPTStart
-	}
+	r.start = qend
+	r.end, r.ar = sec.Relayed() // never the OPT record or a transaction signature (RFC 6895 §3.1: meta-records are not cached)
+	r.an, r.ns = sec.AN, sec.NS
 	if !wire.NamesReadable(msg, qend, r.an+r.ns+r.ar) {
-		return r, ErrMalformed // kept records only: what follows the OPT is dropped unread
+		return r, ErrMalformed // kept records only: the OPT, a signature and what follows them are dropped unread
 	}
 	r.negative = flags&0xF == rcodeNXDo || r.an == 0
 	least, soa, ok := leastTTL(msg, r.start, r.an, r.ns)

@@ -5,6 +5,13 @@ import "encoding/binary"
 // TypeOPT is the type of the EDNS pseudo-record (RFC 6891).
 const TypeOPT = 41
 
+// Types of the transaction signatures a message may end with: TSIG (RFC
+// 8945 §5.1) and SIG(0), a SIG record covering type 0 (RFC 2931 §3).
+const (
+	TypeSIG  = 24
+	TypeTSIG = 250
+)
+
 // EDNS option codes the proxy looks at.
 const (
 	OptionECS = 8  // EDNS Client Subnet (RFC 7871)
@@ -31,6 +38,25 @@ type Sections struct {
 	// options; all three are 0 without one.
 	OPTStart, OPTData, OPTEnd int
 	AfterOPT                  int // additional records after the OPT record (counted in AR)
+	// SigStart is where the message's transaction signature begins, 0 if
+	// it has none: a TSIG or SIG(0) record last in the additional section.
+	SigStart int
+}
+
+// Relayed returns where the records a relay passes on end (from the
+// question's end) and how many of them are additional records: every
+// record before the OPT record, or before a transaction signature. Both
+// belong to the hop the message came over — the OPT to its EDNS, the
+// signature to a key the next hop does not hold — and anything after them
+// goes with them: copying it would move what its compressed names point at.
+func (s Sections) Relayed() (end, ar int) {
+	switch {
+	case s.OPT.Present:
+		return s.OPTStart, s.AR - s.AfterOPT
+	case s.SigStart != 0:
+		return s.SigStart, s.AR - 1
+	}
+	return s.End, s.AR
 }
 
 // ReadSections walks the records of msg from off, where its question
@@ -86,6 +112,9 @@ func ReadSections(msg []byte, off int) (Sections, bool) {
 			s.AR++
 			if s.OPT.Present {
 				s.AfterOPT++
+			}
+			if i == an+ns+ar-1 && (typ == TypeTSIG || typ == TypeSIG && rdlen >= 2 && binary.BigEndian.Uint16(msg[data:]) == 0) {
+				s.SigStart = start
 			}
 		}
 	}

@@ -162,3 +162,68 @@ func TestKey(t *testing.T) {
 		t.Fatal("Set changed the question")
 	}
 }
+
+// Relayed leaves behind the OPT record and a transaction signature — a
+// TSIG, or a SIG covering type 0 (SIG(0)), and only as the last record —
+// with whatever follows them; a SIG covering a real type is data.
+func TestRelayedLeavesTheHopBehind(t *testing.T) {
+	reply := func() *dns.Msg {
+		q := new(dns.Msg).SetQuestion("www.example.com.", dns.TypeA)
+		r := new(dns.Msg).SetReply(q)
+		a, _ := dns.NewRR("www.example.com. 60 IN A 192.0.2.1")
+		glue, _ := dns.NewRR("ns.example.com. 60 IN A 192.0.2.53")
+		r.Answer, r.Extra = []dns.RR{a}, []dns.RR{glue}
+		return r
+	}
+	tsig := &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
+		Algorithm: dns.HmacSHA256, Fudge: 300, MACSize: 4, MAC: "01020304"}
+	sig := func(covered uint16) dns.RR {
+		return &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+			TypeCovered: covered, Algorithm: dns.ECDSAP256SHA256, SignerName: "example.com.", Signature: "QUFB"}}
+	}
+	with := func(extra ...dns.RR) []byte {
+		r := reply()
+		r.Extra = append(r.Extra, extra...)
+		return pack(t, r)
+	}
+	withOPT := func(extra ...dns.RR) []byte {
+		r := reply()
+		r.SetEdns0(1232, false)
+		r.Extra = append(r.Extra, extra...)
+		return pack(t, r)
+	}
+	plain := pack(t, reply())
+	tests := []struct {
+		name string
+		msg  []byte
+		ar   int  // additional records relayed
+		cut  bool // relayed up to the glue's end: everything after it left behind
+	}{
+		{"no OPT, no signature", plain, 1, false},
+		{"TSIG last", with(tsig), 1, true},
+		{"SIG(0) last", with(sig(0)), 1, true},
+		{"SIG covering A is data", with(sig(dns.TypeA)), 2, false},
+		{"TSIG not last is data", with(tsig, sig(dns.TypeA)), 3, false},
+		{"OPT then TSIG", withOPT(tsig), 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			qend, _ := QuestionEnd(tt.msg)
+			s, ok := ReadSections(tt.msg, qend)
+			if !ok {
+				t.Fatal("does not read")
+			}
+			end, ar := s.Relayed()
+			if ar != tt.ar {
+				t.Errorf("%d additional records relayed, want %d", ar, tt.ar)
+			}
+			want := s.End // every record
+			if tt.cut {
+				want = len(plain) // the records before the OPT or signature: those of the plain reply
+			}
+			if end != want {
+				t.Errorf("relayed up to %d of %d bytes, want %d", end, s.End, want)
+			}
+		})
+	}
+}
