@@ -124,6 +124,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		`dnsproxi_breaker_state{upstream="` + up.Addr() + `"} 0`,
 		`dnsproxi_upstream_requests_total{result="timeout",upstream="` + up.Addr() + `"} 0`,
 		`dnsproxi_upstream_socket_rotations_total{upstream="` + up.Addr() + `"} 0`,
+		`dnsproxi_upstream_case_tcp_fetches_total{upstream="` + up.Addr() + `"} 0`,
 		`dnsproxi_upstream_0x20{upstream="` + up.Addr() + `"} 1`,
 		`dnsproxi_retries_total{reason="hedge"} 0`,
 		`dnsproxi_retry_budget_exhausted_total 0`,

@@ -72,7 +72,7 @@ func newUpstreams(cfg Config, clock guard.Clock, m *metrics.Metrics, log *slog.L
 	}
 	m.WatchUpstreams(names, func(i int) metrics.UpstreamStats {
 		s := clients[i].Stats()
-		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, Rotations: s.Rotations,
+		return metrics.UpstreamStats{CaseMismatches: s.CaseMismatches, CaseFetches: s.CaseFetches, Rotations: s.Rotations,
 			Case0x20: cfg.Upstream0x20 && !s.PlainCase}
 	})
 	var budget *guard.RetryBudget

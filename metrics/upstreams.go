@@ -43,6 +43,7 @@ func (u *Upstream) BreakerChanged(from, to int) {
 // it at every scrape.
 type UpstreamStats struct {
 	CaseMismatches uint64 // replies ignored: their question came back in another letter case
+	CaseFetches    uint64 // queries fetched over TCP: their reply came in another case from an upstream known to echo case
 	Rotations      uint64 // UDP sockets replaced by one on a fresh random port
 	Case0x20       bool   // the query name's letter case is randomised (0x20)
 }
@@ -56,6 +57,9 @@ func (m *Metrics) WatchUpstreams(names []string, read func(i int) UpstreamStats)
 var (
 	caseMismatchesDesc = prometheus.NewDesc(namespace+"_upstream_case_mismatches_total",
 		"Upstream replies ignored because their question came back in another letter case (0x20): forged, or an upstream that does not echo case.",
+		[]string{"upstream"}, nil)
+	caseFetchesDesc = prometheus.NewDesc(namespace+"_upstream_case_tcp_fetches_total",
+		"Upstream queries fetched over TCP because their UDP reply came back in another letter case (0x20) from an upstream known to echo case: a backend behind it that does not echo case, or a forger.",
 		[]string{"upstream"}, nil)
 	rotationsDesc = prometheus.NewDesc(namespace+"_upstream_socket_rotations_total",
 		"Upstream UDP sockets replaced by one on a fresh random source port.",
@@ -73,6 +77,7 @@ type upstreamStats struct {
 
 func (c *upstreamStats) Describe(ch chan<- *prometheus.Desc) {
 	ch <- caseMismatchesDesc
+	ch <- caseFetchesDesc
 	ch <- rotationsDesc
 	ch <- case0x20Desc
 }
@@ -85,6 +90,7 @@ func (c *upstreamStats) Collect(ch chan<- prometheus.Metric) {
 			on = 1
 		}
 		ch <- prometheus.MustNewConstMetric(caseMismatchesDesc, prometheus.CounterValue, float64(s.CaseMismatches), name)
+		ch <- prometheus.MustNewConstMetric(caseFetchesDesc, prometheus.CounterValue, float64(s.CaseFetches), name)
 		ch <- prometheus.MustNewConstMetric(rotationsDesc, prometheus.CounterValue, float64(s.Rotations), name)
 		ch <- prometheus.MustNewConstMetric(case0x20Desc, prometheus.GaugeValue, on, name)
 	}

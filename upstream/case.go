@@ -16,15 +16,36 @@ import (
 //
 // Some resolvers answer with the name in a case of their own. A reply whose
 // question differs from what was sent only in case ("case changed") never
-// answers a query while 0x20 is on; the query keeps waiting. Such a reply
-// is either forged by someone who guessed the ID, or the upstream does not
-// echo case, and the proxy must tell the two apart without handing a
-// spoofer the power to switch 0x20 off. The evidence therefore comes from
-// questions the spoofer does not choose, inside windows it does not set,
-// and the upstream's own exact reply outweighs any forged one:
+// answers a query while 0x20 is on. Such a reply is either forged by
+// someone who guessed the ID, or comes from a resolver that does not echo
+// case: the whole upstream, or one backend of a farm behind its address
+// (a load balancer over resolvers that do not all echo). The proxy must
+// tell these apart without handing a spoofer the power to switch 0x20 off.
+// The evidence therefore comes from questions the spoofer does not choose,
+// inside windows it does not set, and the upstream's own exact reply
+// outweighs any forged one:
 //
-//   - A case change is evidence of nothing by itself. It makes the query a
-//     suspect and starts a probe series, if none is under way.
+//   - A case change is evidence of nothing by itself. It starts a probe
+//     series, if none is under way, and the query does not take it.
+//   - To a query of an upstream known to echo case (it has answered one
+//     exactly, once at least: caseCheck.echoes), a case change comes from
+//     a forger or from a backend that folds: the query is taken out and
+//     fetched over TCP, where the handshake keeps an off-path forger out
+//     and any case is taken, before the same deadline, paid like every
+//     send the upstream makes on its own (extra.go), once: over TCP it
+//     stays. Waiting would not do: the backend that folds sends no other
+//     reply, the probes, answered exactly by the others, keep 0x20 on,
+//     and every query that met it timed out (7 to 9 of 16 with half the
+//     backends folding: TestFarmWithFoldingBackendsAnswersEveryQuery). A
+//     forged reply is no more taken than before; its query gets the real
+//     answer over TCP (TestForgedCaseChangeToAnEchoingUpstreamIsFetched).
+//     Probes are never fetched: their verdict is the case.
+//   - To a query of an upstream never yet answered exactly (one that folds
+//     every name, or the first moments), a case change makes the query a
+//     suspect, which waits for the probe series: fetching would turn each
+//     query of a folding upstream's first moments into a TCP query, and
+//     leave no suspect for the series to send again in the caller's case
+//     (TestFoldingUpstreamIsProbedNotFetched).
 //   - A probe asks a question the upstream is known to answer with the case
 //     echoed, under a fresh ID and a fresh random case with letters of both
 //     cases: the last question it answered exactly (each socket keeps a
@@ -57,7 +78,11 @@ import (
 //     spoofer needs. A reply after W is late, as for any query (result.go).
 //   - caseProbes probes in a row counted switch 0x20 off for this upstream
 //     for the rest of the process, and every suspect query is sent again
-//     in the caller's case, within its deadline.
+//     in the caller's case, within its deadline. An upstream that echoed
+//     case once and no longer does (another resolver behind its address)
+//     is found out the same way, its queries fetched over TCP meanwhile;
+//     so may a farm whose folding backends answer three probes in a row,
+//     and its queries are answered either way.
 //
 // What a spoofer must now do. Forged replies alone switch nothing off:
 // while the upstream answers the probe's question within W, its exact
@@ -80,7 +105,11 @@ import (
 // the next probes wait up to four times as long (a silent upstream is the
 // one case where a forged reply sets W; the port must still be known).
 // (A spoofer on the path sees the probes and can; it can as well forge the
-// answers themselves.)
+// answers themselves.) A forged case change to a query of an upstream
+// known to echo case buys the spoofer, for the same 65,536 packets a
+// query and a port, one TCP query that answers it, never an answer of its
+// own choosing; with the outbound limit's tokens spent the query ends with
+// ErrLimited, where it would have waited for the exact reply.
 //
 // A real upstream that does not echo case answers every probe
 // case-changed and never exactly, so each probe waits out its W: the
@@ -102,6 +131,7 @@ const (
 	replyForeign     verdict = iota // not an answer to it: another question, not a reply
 	replyAnswers                    // its answer
 	replyCaseChanged                // its question, with the case of some letters changed: not its answer while 0x20 is on
+	replyFolded                     // its question in another case, in time, from an upstream known to echo case: fetched over TCP
 	replyLate                       // its answer, or its question in another case, after its deadline: not in time
 )
 
@@ -116,6 +146,17 @@ type caseCheck struct {
 	mismatches atomic.Uint64
 	probes     atomic.Uint64
 	resends    atomic.Uint64
+	fetches    atomic.Uint64
+}
+
+// echoes reports whether the upstream has answered a query with its case
+// echoed exactly, once at least since New. An exact reply needs the case,
+// so no off-path forger can make it true; and quickest forgets no exact
+// reply for good (a period with none keeps the last one's), so once true
+// it stays true.
+func (cc *caseCheck) echoes() bool {
+	_, ok := cc.quickest.get()
+	return ok
 }
 
 // mixCase sets the case of each ASCII letter of name (the name of a question,

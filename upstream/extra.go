@@ -5,10 +5,11 @@ import "errors"
 // The sends the upstream makes on its own. Forward is asked for one send,
 // and the caller has paid for it (the pool's outbound token). The upstream
 // puts a query on the wire again in four cases: a TCP connection failed
-// under it (tcpConn.fail), its UDP reply was too large to read and is
-// fetched over TCP, its reply came in another case just as 0x20 was
-// switched off and it goes again in the caller's case, and the probes of
-// a 0x20 series (case.go). Two rules hold for all of them:
+// under it (tcpConn.fail), it is fetched over TCP (its UDP reply was too
+// large to read, or came in another case from an upstream known to echo
+// case), its reply came in another case just as 0x20 was switched off and
+// it goes again in the caller's case, and the probes of a 0x20 series
+// (case.go). Two rules hold for all of them:
 //
 //   - Each is paid: Config.AllowExtra is asked right before it, and a
 //     refusal means the query is not sent; it ends with ErrLimited, a
@@ -23,8 +24,9 @@ import "errors"
 //     it, n queries cost it 3n at most.
 //
 // Why three: the plain-case re-send and the TCP fetch happen once each by
-// construction (after the one the name is in the caller's case, and a TCP
-// reply is never too large), so only a lost TCP connection repeats. Three
+// construction (after the one the name is in the caller's case, and a
+// query fetched over TCP stays there), so only a lost TCP connection
+// repeats. Three
 // sends let a query survive any one reason and one lost connection on top
 // (a connection closed as it idled out, or after answering its first
 // query), which covers every upstream that answers more than one query a

@@ -194,9 +194,11 @@ func (s *udpSocket) retire() {
 // any, with the verdict: replyAnswers; replyLate for a reply after the
 // query's deadline (answer or case changed: the caller ends it as the
 // sweeper would); replyCaseChanged once 0x20 is off (the caller sends that
-// query again). A query with a reply in another case stays in the table
-// otherwise, and so does a probe: suspect reports the first such reply to
-// a query, for the caller to start a probe series (case.go).
+// query again); replyFolded for a reply in another case to a query (not a
+// probe) of an upstream known to echo case (the caller fetches it over
+// TCP). A query with a reply in another case stays in the table otherwise,
+// and so does a probe: suspect reports the first such reply to a query,
+// for the caller to start a probe series (case.go).
 func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspect bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -229,6 +231,10 @@ func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspe
 		s.u.cases.folded.add(now.Sub(c.lastSent))
 	}
 	suspect = !c.suspect && !c.probe
+	if !c.probe && s.u.cases.echoes() { // a backend that folds, or a forger: over TCP (case.go)
+		delete(s.pending, id)
+		return c, replyFolded, suspect
+	}
 	c.suspect = true // a probe waits on for an exact reply that would overrule this one
 	return nil, v, suspect
 }
@@ -319,10 +325,13 @@ func (s *udpSocket) serveReplies(n int) {
 			}
 			s.u.cases.resends.Add(1)
 			s.u.sendUDP(c, now)
-		case s.reader.Truncated(i): // larger than the buffer: the whole answer over TCP, before the same deadline, if paid
+		case v == replyFolded, s.reader.Truncated(i): // a folding backend or a forger (case.go), or larger than the buffer: over TCP, before the same deadline, if paid
 			if err := s.u.extraSend(c); err != nil {
 				c.finishAt(now, nil, err)
 				continue
+			}
+			if v == replyFolded {
+				s.u.cases.fetches.Add(1)
 			}
 			c.unmix()
 			s.u.forwardTCP(c)

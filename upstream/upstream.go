@@ -14,10 +14,12 @@
 // demultiplexed by ID; each socket serves a bounded number of queries and
 // time, then a fresh socket on a fresh random port takes its place. A UDP
 // reply with TC set is handed back as it is (the proxy relays it and its
-// client comes back over TCP); only a datagram too large to read whole is
-// fetched again over TCP. Over TCP, a few long-lived connections carry many
-// queries each, pipelined, and close when idle, or when one lets a query's
-// whole time pass without delivering any reply (tcpConns).
+// client comes back over TCP); only a datagram too large to read whole, or
+// a reply in another case from an upstream known to echo case (case.go),
+// has its query fetched again over TCP. Over TCP, a few long-lived
+// connections carry many queries each, pipelined, and close when idle, or
+// when one lets a query's whole time pass without delivering any reply
+// (tcpConns).
 //
 // Forward never blocks. It reports the outcome of every query exactly once,
 // to the Result it was given: the reply, or why there is none (a deadline
@@ -103,8 +105,9 @@ type Config struct {
 	// AllowExtra, if set, is asked right before each query the upstream
 	// puts on the wire beyond the one send Forward was asked for: a query
 	// sent again on a new TCP connection, the fetch over TCP of a UDP reply
-	// too large to read, a query sent again in the caller's case once 0x20
-	// is off, a 0x20 probe. The caller pays its outbound limit with it.
+	// too large to read or in another case from an upstream known to echo
+	// case, a query sent again in the caller's case once 0x20 is off, a
+	// 0x20 probe. The caller pays its outbound limit with it.
 	// false: that query is not sent; it ends with ErrLimited (a probe
 	// series ends). It runs on the upstream's own goroutines, no lock held,
 	// and must not block. nil: every such send goes out.
@@ -126,6 +129,7 @@ type Stats struct {
 	CaseMismatches uint64 // replies with a waiting query's ID whose question came back in another case: ignored
 	CaseProbes     uint64 // queries sent by the upstream itself to learn whether it echoes case
 	CaseResends    uint64 // queries sent again in the caller's case, their reply having come in another case before 0x20 was switched off
+	CaseFetches    uint64 // queries fetched over TCP, their reply having come in another case from an upstream known to echo case
 	PlainCase      bool   // 0x20 is off: the upstream was found not to echo case
 	Rotations      uint64 // UDP sockets replaced by a fresh one on a fresh random port
 	RotationErrors uint64 // replacements that could not be opened (the old socket served on)
@@ -222,6 +226,7 @@ func (u *Upstream) Stats() Stats {
 		CaseMismatches: u.cases.mismatches.Load(),
 		CaseProbes:     u.cases.probes.Load(),
 		CaseResends:    u.cases.resends.Load(),
+		CaseFetches:    u.cases.fetches.Load(),
 		PlainCase:      u.cases.plain.Load() && !u.cfg.Disable0x20,
 		Rotations:      u.rotations.Load(),
 		RotationErrors: u.rotationErrors.Load(),
