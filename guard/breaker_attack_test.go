@@ -25,3 +25,33 @@ func TestAttackProbeReportingAfterItsDeadlineIsNotCountedFailed(t *testing.T) {
 			"the head comment counts it as failed (open)", got)
 	}
 }
+
+// A learner's reading of the head comment's lost-probe rule: "A probe that
+// has not reported within CoolOff counts as failed", and record applies it
+// "whether or not a call came in meanwhile to find it lost". Cancel does
+// not: a probe cancelled after its deadline, with no call in between, frees
+// its place and the next call probes at once, where the same Cancel after
+// one refused call finds the breaker re-opened with a fresh cool-off. The
+// verdict on a lost probe depends on whether some other call happened to
+// arrive, which is what the rule says it must not.
+func TestLearnerProbeCancelledAfterItsDeadlineIsNotCountedFailed(t *testing.T) {
+	for _, callBetween := range []bool{true, false} {
+		b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+		trip(t, b)
+		clock.Advance(time.Second)
+		probe, err := b.Acquire()
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(2 * time.Second) // twice the probe's deadline: lost
+		if callBetween {
+			_ = b.Allow() // finds the probe lost: open, cool-off restarted
+		}
+		probe.Cancel()
+		_, err = b.Acquire()
+		if s := b.State(); s != Open || err == nil {
+			t.Errorf("a call in between: %v; after the lost probe's late Cancel: state %v, Acquire = %v; "+
+				"want open and ErrOpen (a probe silent past CoolOff counts as failed)", callBetween, s, err)
+		}
+	}
+}
