@@ -10,7 +10,7 @@ import (
 // by Acquire; a probe whose report comes after its CoolOff but before the
 // next Acquire is taken as it reports. Its late Success closes the breaker,
 // which the rule says counts as a failure and re-opens it.
-func TestAttackProbeReportingAfterItsDeadlineIsNotCountedFailed(t *testing.T) {
+func TestAttackProbeReportingAfterItsDeadlineCountsFailed(t *testing.T) {
 	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
 	trip(t, b)
 	clock.Advance(time.Second)
@@ -34,7 +34,7 @@ func TestAttackProbeReportingAfterItsDeadlineIsNotCountedFailed(t *testing.T) {
 // one refused call finds the breaker re-opened with a fresh cool-off. The
 // verdict on a lost probe depends on whether some other call happened to
 // arrive, which is what the rule says it must not.
-func TestLearnerProbeCancelledAfterItsDeadlineIsNotCountedFailed(t *testing.T) {
+func TestLearnerProbeCancelledAfterItsDeadlineCountsFailed(t *testing.T) {
 	for _, callBetween := range []bool{true, false} {
 		b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
 		trip(t, b)

@@ -18,7 +18,7 @@ import (
 // calls included). Here 10^6 refused calls 1 ns apart, from a balance of
 // 9e7: the balance must grow by rate × 1 ms. (At 2×10^8 calls: 2.98 tokens
 // earned at 7.5/s where 1.5 were due, 0 at 3.5/s where 0.7 were.)
-func TestAttackBucketRefillRoundsAwayNearALargeBurst(t *testing.T) {
+func TestAttackBucketRefillHoldsNearALargeBurst(t *testing.T) {
 	const steps = 1_000_000
 	for _, rate := range []float64{7.5, 3.5} {
 		clock := NewManualClock(t0)
@@ -42,7 +42,7 @@ func TestAttackBucketRefillRoundsAwayNearALargeBurst(t *testing.T) {
 // float64(n) with float64(burst), and above 2^53 an int does not survive
 // the conversion: burst+1 rounds to burst, so a full bucket hands out
 // more than it can hold.
-func TestLearnerBucketHandsOutMoreThanAHugeBurst(t *testing.T) {
+func TestLearnerBucketRefusesMoreThanAHugeBurst(t *testing.T) {
 	const burst = 1 << 60
 	b := NewTokenBucket(1, burst, NewManualClock(t0))
 	if b.Allow(burst + 1) {
@@ -62,7 +62,7 @@ func TestLearnerBucketHandsOutMoreThanAHugeBurst(t *testing.T) {
 // 2^49 a float64 unit is 1/8 token, a refill of 1024.51 units is stored as
 // 1025, and every such refill mints 0.06 of a token. Over 100 refills of
 // one second the bucket admits 6 tokens beyond its bound.
-func TestLearnerBucketRefillRoundsUpPastItsBound(t *testing.T) {
+func TestLearnerBucketRefillNeverRoundsUpPastItsBound(t *testing.T) {
 	const burst, half = 1 << 50, 1 << 49
 	rate := 1024.51 / 8 // tokens per second: 1024.51 units of 1/8
 	clock := NewManualClock(t0)
