@@ -248,20 +248,31 @@ func (p Permit) Failure() {
 
 // Cancel ends the permitted call without an outcome: it counts neither as a
 // success nor as a failure. If the call was the half-open probe, its place
-// is freed and the next call becomes the probe.
+// is freed and the next call becomes the probe — unless its deadline has
+// passed: a probe silent past CoolOff is the lost probe of the head
+// comment, counted failed whether it then reports, cancels, or a call
+// comes in first to find it lost, so the breaker re-opens.
 func (p Permit) Cancel() {
 	if p.b == nil || p.b.closedGen.Load() == p.gen+1 {
 		return // closed in the permit's generation: no probe to free, nothing to record
 	}
 	b := p.b
 	b.mu.Lock()
-	if p.gen == b.gen && b.state == HalfOpen {
-		// In half-open the only permit of a generation is the probe's. A new
-		// generation spends it: a second Cancel or a late report through it
-		// cannot touch the next probe.
-		b.probing = false
-		b.gen++
+	if p.gen != b.gen || b.state != HalfOpen {
+		b.mu.Unlock()
+		return
 	}
+	// In half-open the only permit of a generation is the probe's. A new
+	// generation spends it: a second Cancel or a late report through it
+	// cannot touch the next probe.
+	if now := b.clock.Now(); now.Sub(b.probeAt) >= b.cfg.CoolOff {
+		b.setState(Open, now)
+		b.mu.Unlock()
+		b.dispatch()
+		return
+	}
+	b.probing = false
+	b.gen++
 	b.mu.Unlock()
 }
 

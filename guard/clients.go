@@ -237,7 +237,7 @@ func (l *ClientLimiter) allow(addr netip.Addr, now int64, st *sharedTake) bool {
 // prefix of /48 or longer each link has its own buckets; one of /16 or
 // shorter, as it asks, joins them. (Without this, one link-local host that
 // spent its bucket refused every link-local client of every other link:
-// TestAttackLinkLocalClientsOnTwoLinksShareABucket.) Replaced, not XORed
+// TestAttackLinkLocalClientsOnTwoLinksHaveTheirOwnBuckets.) Replaced, not XORed
 // in: a host chooses those bits of its own address, and with a XOR one on
 // link 2 that took fe80:0:h(2)^h(3)::1 had the key of fe80::1 on link 3, a
 // bucket on a network it cannot send from

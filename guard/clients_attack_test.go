@@ -9,10 +9,11 @@ import (
 // Attack on the per-client table's idea of a client: a link-local address
 // names a host only together with its zone (the interface it came in on),
 // and the UDP server keeps that zone (internal/batchio). fe80::1 on one
-// link and fe80::1 on another are two hosts on two networks, yet with the
-// default /64, and even with /128, they share one bucket: one host draining
-// its bucket refuses every link-local client of every other link.
-func TestAttackLinkLocalClientsOnTwoLinksShareABucket(t *testing.T) {
+// link and fe80::1 on another are two hosts on two networks, and each has
+// its own bucket. (They shared one, with the default /64 and even with
+// /128: one host draining its bucket refused every link-local client of
+// every other link.)
+func TestAttackLinkLocalClientsOnTwoLinksHaveTheirOwnBuckets(t *testing.T) {
 	for _, v6 := range []int{64, 128} {
 		l := NewClientLimiter(ClientLimiterConfig{Rate: 1, Burst: 2, V6Len: v6}, NewManualClock(time.Now()))
 		a := netip.MustParseAddr("fe80::1%2")

@@ -1,8 +1,10 @@
-// Package guard holds the two gates of dnsproxi: a token bucket that refuses
-// traffic beyond a rate, and a three-state circuit breaker that stops calls to
-// a dependency that keeps failing. Both are pure, safe for concurrent use, and
-// read time only through a Clock, so tests drive them with a ManualClock
-// instead of sleeping.
+// Package guard holds the gates of dnsproxi: an access list of client
+// prefixes, a token bucket that refuses traffic beyond a rate, a bounded
+// table of token buckets, one per client prefix, a three-state circuit
+// breaker that stops calls to a dependency that keeps failing, and a retry
+// budget that caps retries at a share of first attempts. All are pure and
+// safe for concurrent use; those that depend on time read it only through a
+// Clock, so tests drive them with a ManualClock instead of sleeping.
 package guard
 
 import (

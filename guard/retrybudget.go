@@ -12,8 +12,13 @@ package guard
 //     allows retries, it can be up to 2×: those are few calls.)
 //   - A small floor, MinPerSecond retries in any one second, lets a quiet
 //     process retry its first failures before it has earned a share. The
-//     budget is the larger of the share and the floor, never their sum: a
-//     retry let through by either counts against both.
+//     floor is counted per second and the share per window, so they meet
+//     in each second: a retry goes through if the share has room or this
+//     second has let fewer than MinPerSecond through, and a retry let
+//     through by either counts against both. Within one second the budget
+//     is the larger of the two, never their sum; across the seconds of a
+//     window whose share is spent, the floor lets MinPerSecond through in
+//     each of them.
 //   - Time is cut into whole seconds, kept in a ring of Window/1s slots;
 //     a slot older than the window is forgotten when the clock passes it
 //     (lazily, on the next call: no timers). Only the newest second moves

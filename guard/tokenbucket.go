@@ -37,10 +37,11 @@ type TokenBucket struct {
 	tokens float64   // may be negative while WaitN callers are in debt
 	last   time.Time // the reading up to which tokens were refilled
 
-	rate  float64 // tokens per second
-	burst float64
-	clock Clock
-	real  bool // clock is RealClock: call time.Now directly, no interface call
+	rate   float64 // tokens per second
+	burst  float64
+	burstN int // burst as given: n is compared with it, not with the float, which cannot tell burst from burst+1 above 2^53
+	clock  Clock
+	real   bool // clock is RealClock: call time.Now directly, no interface call
 }
 
 // NewTokenBucket returns a full bucket that refills at rate tokens per second
@@ -62,6 +63,7 @@ func NewTokenBucket(rate float64, burst int, c Clock) *TokenBucket {
 		last:   c.Now(),
 		rate:   rate,
 		burst:  float64(burst),
+		burstN: burst,
 		clock:  c,
 		real:   real,
 	}
@@ -93,6 +95,9 @@ func (b *TokenBucket) AllowAt(now time.Time, n int) bool {
 	if n <= 0 {
 		return true
 	}
+	if n > b.burstN {
+		return false
+	}
 	need := float64(n)
 	b.mu.Lock()
 	b.refill(now)
@@ -123,10 +128,10 @@ func (b *TokenBucket) WaitN(ctx context.Context, n int) error {
 	if n <= 0 {
 		return nil
 	}
-	need := float64(n)
-	if need > b.burst {
-		return fmt.Errorf("%w: %d > %d", ErrExceedsBurst, n, int(b.burst))
+	if n > b.burstN {
+		return fmt.Errorf("%w: %d > %d", ErrExceedsBurst, n, b.burstN)
 	}
+	need := float64(n)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -184,10 +189,12 @@ func (b *TokenBucket) giveBackAt(now time.Time, n float64) {
 // The balance is a float64, and near a large burst one unit in its last
 // place is a sizeable sum (2^-26 tokens near 1e8): a smaller addition would
 // be rounded to a whole unit, up or down, and calls coming often enough
-// would refill the bucket at up to twice its rate, or not at all. So the
+// would refill the bucket at up to twice its rate, or not at all. So a sum
+// rounded up is taken one unit down — the bucket never holds a token it
+// did not earn (TestLearnerBucketRefillNeverRoundsUpPastItsBound) — and the
 // tokens earned are added only once the balance holds them to 1/1024;
 // until then last stays where it is and the time adds up
-// (TestAttackBucketRefillRoundsAwayNearALargeBurst). At the usual sizes
+// (TestAttackBucketRefillHoldsNearALargeBurst). At the usual sizes
 // every addition holds: a microsecond at 1 token/s is 1e-6, against units
 // of 1e-13 near a balance of 1000.
 // It requires that b.mu is held.
@@ -201,11 +208,14 @@ func (b *TokenBucket) refill(now time.Time) {
 		return
 	}
 	earned := elapsed.Seconds() * b.rate
-	tokens := min(b.tokens+earned, b.burst)
-	if tokens < b.burst && math.Abs(tokens-b.tokens-earned) > earned/1024 {
+	tokens := b.tokens + earned
+	if tokens-b.tokens > earned {
+		tokens = math.Nextafter(tokens, math.Inf(-1)) // rounded up: never mint what was not earned
+	}
+	if tokens < b.burst && tokens-b.tokens < earned-earned/1024 {
 		return // too little for the balance to hold yet
 	}
-	b.tokens, b.last = tokens, now
+	b.tokens, b.last = min(tokens, b.burst), now
 }
 
 // maxWait is the longest wait a time.Duration holds, about 292 years.
