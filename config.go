@@ -45,7 +45,7 @@ type Config struct {
 	MaxUDPSize        int            `envconfig:"MAX_UDP_SIZE" default:"1232" min:"512" max:"4096" desc:"largest UDP answer, and the UDP size advertised upstream (1232: DNS Flag Day 2020)"`
 	Upstream0x20      bool           `envconfig:"UPSTREAM_0X20" default:"on" desc:"randomise the letter case of the query name sent upstream (0x20, RFC 5452); on or off"`
 	Allow             AccessRule     `envconfig:"ALLOW" default:"local" desc:"clients that may query, comma-separated CIDRs or addresses; local = loopback, RFC 1918, RFC 6598, IPv6 ULA and link-local; any = every address (an open resolver); others get REFUSED"`
-	ClientRateLimit   RateLimit      `envconfig:"CLIENT_RATE_LIMIT" default:"off" desc:"per-client gate over UDP, before DNS_RATE_LIMIT: rate or rate,burst per client prefix, as DNS_RATE_LIMIT; off"`
+	ClientRateLimit   RateLimit      `envconfig:"CLIENT_RATE_LIMIT" default:"off" desc:"per-client gate, before DNS_RATE_LIMIT, a table for UDP and one for TCP: rate or rate,burst per client prefix, as DNS_RATE_LIMIT; off"`
 	ClientPrefix      ClientPrefix   `envconfig:"CLIENT_PREFIX" default:"32,64" desc:"v4len,v6len: the leading bits of an address that name one client of the per-client gate, 0..32 and 0..128"`
 	ClientTableSize   int            `envconfig:"CLIENT_TABLE_SIZE" default:"100000" min:"8" max:"10000000" desc:"client prefixes the per-client gate holds (used in groups of 8); beyond it new prefixes share one bucket"`
 	ClientExempt      PrefixList     `envconfig:"CLIENT_EXEMPT" desc:"clients that skip the per-client gate (not DNS_RATE_LIMIT), comma-separated CIDRs or addresses; unset: none"`
