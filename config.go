@@ -54,7 +54,7 @@ type Config struct {
 	LimitAction       LimitAction    `envconfig:"LIMIT_ACTION" default:"drop" desc:"what a UDP query beyond DNS_CLIENT_RATE_LIMIT or DNS_RATE_LIMIT gets: drop, refuse (REFUSED) or slip[:N] (every Nth, default 2, an empty TC answer, the rest dropped), N 1..10; over TCP always REFUSED"`
 
 	// The answer cache (cacheconfig.go checks the rules that tie them together).
-	CacheSize           ByteSize      `envconfig:"CACHE_SIZE" default:"off" desc:"answer cache: the bytes it may hold, a whole number with a unit B, KB, MB or GB (powers of 1024), such as 64MB, from 256KB to 64GB; 0 or off = no cache"`
+	CacheSize           ByteSize      `envconfig:"CACHE_SIZE" default:"off" desc:"answer cache: the bytes it may hold, a whole number with a unit B, KB, MB or GB (powers of 1024; none: bytes), such as 64MB, from 256KB to 64GB; 0 or off = no cache"`
 	CacheMinTTL         time.Duration `envconfig:"CACHE_MIN_TTL" default:"0s" min:"0s" max:"1h" desc:"cache: a shorter TTL is raised to this (whole seconds); a TTL of 0 is never stored"`
 	CacheMaxTTL         time.Duration `envconfig:"CACHE_MAX_TTL" default:"24h" min:"1s" max:"168h" desc:"cache: a longer TTL of a positive answer is lowered to this (whole seconds)"`
 	CacheMaxNegativeTTL time.Duration `envconfig:"CACHE_MAX_NEGATIVE_TTL" default:"1h" min:"1s" max:"24h" desc:"cache: a longer TTL of NXDOMAIN or NODATA (RFC 2308: min of the SOA's TTL and MINIMUM) is lowered to this (whole seconds)"`
