@@ -28,8 +28,8 @@ type entry struct {
 	freq       atomic.Uint32 // hits, up to maxFreq: written only when it changes
 	prefetched atomic.Bool
 	keyLen     uint16
-	where      uint8 // the queue it is on; guarded by the shard's lock
-	_          uint8
+	where      uint8           // the queue it is on; guarded by the shard's lock
+	neg        bool            // NXDOMAIN or NODATA, as readReply decided
 	key        [inlineKey]byte // the key's first bytes (Key.Bytes); zeros after keyLen
 
 	// The second: what an answer is built from, and the shard's bookkeeping.
@@ -46,6 +46,7 @@ func newEntry(hash uint64, key, data []byte, r *reply, now int64) *entry {
 	e := &entry{
 		expires: now + int64(r.ttl)*int64(time.Second), ttl: r.ttl, keyLen: uint16(len(key)),
 		data: data, hash: hash, flags: r.flags, an: uint16(r.an), ns: uint16(r.ns), ar: uint16(r.ar),
+		neg: r.negative,
 	}
 	copy(e.key[:], key)
 	return e
@@ -86,7 +87,7 @@ func (e *entry) offsets() []byte { return e.data[len(e.data)-2*e.count():] }
 func (e *entry) count() int { return int(e.an) + int(e.ns) + int(e.ar) }
 
 // negative reports whether e is NXDOMAIN or NODATA, as readReply decides.
-func (e *entry) negative() bool { return e.flags&0xF == rcodeNXDo || e.an == 0 }
+func (e *entry) negative() bool { return e.neg }
 
 // cost returns the bytes e counts against its shard's budget.
 func (e *entry) cost() int64 { return int64(cap(e.data)) + EntryOverhead }

@@ -68,6 +68,9 @@ func TestEveryRecordCountedDown(t *testing.T) {
 			return out
 		}
 		an, ns, ar := n(1+r.IntN(40)), n(r.IntN(40)), n(r.IntN(40))
+		// An A record among the answers: without one the answer is NODATA,
+		// which needs an SOA to be stored.
+		an[0] = fmt.Sprintf("%s %d IN A 192.0.2.1", name, 60+r.IntN(200000))
 		m := answer(t, q, dns.RcodeSuccess, an, ns, ar)
 		m.SetEdns0(1232, true)
 		reply := pack(t, m)

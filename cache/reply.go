@@ -54,9 +54,11 @@ var (
 
 // DNS types and RCODEs read here.
 const (
+	typeCNAME = 5
 	typeSOA   = 6
 	typeIXFR  = 251
 	typeAXFR  = 252
+	typeANY   = 255
 	rcodeNXDo = 3
 )
 
@@ -114,8 +116,8 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 	if !wire.NamesReadable(msg, qend, r.an+r.ns+r.ar) {
 		return r, ErrMalformed // kept records only: the OPT, a signature and what follows them are dropped unread
 	}
-	r.negative = flags&0xF == rcodeNXDo || r.an == 0
-	least, soa, ok := leastTTL(msg, r.start, r.an, r.ns)
+	least, soa, answered, ok := leastTTL(msg, r.start, r.an, r.ns, wire.QType(msg, qend))
+	r.negative = flags&0xF == rcodeNXDo || !answered
 	switch {
 	case !ok:
 		return r, ErrMalformed
@@ -130,27 +132,32 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 
 // leastTTL walks the answer and authority records from off and returns
 // their smallest TTL, an SOA in the authority section counting as min(TTL,
-// MINIMUM), and whether there was such an SOA. The records were walked by
-// wire.ReadSections already; ok is false only for an SOA too short to hold
-// its five numbers.
-func leastTTL(msg []byte, off, an, ns int) (least uint32, soa, ok bool) {
+// MINIMUM), whether there was such an SOA, and whether the answer section
+// answers qtype: holds a record of that type, or any record for a query of
+// type CNAME or ANY. One that does not is NODATA even with records in it:
+// a CNAME chain to a name without the type asked for (RFC 2308 §2.2). The
+// records were walked by wire.ReadSections already; ok is false only for
+// an SOA too short to hold its five numbers.
+func leastTTL(msg []byte, off, an, ns int, qtype uint16) (least uint32, soa, answered, ok bool) {
 	least = maxTTL
+	answered = an > 0 && (qtype == typeCNAME || qtype == typeANY)
 	for i := range an + ns {
 		off = skipName(msg, off)
 		typ := binary.BigEndian.Uint16(msg[off:])
+		answered = answered || i < an && typ == qtype
 		ttl := readTTL(msg[off+4:])
 		rdlen := int(binary.BigEndian.Uint16(msg[off+8:]))
 		off += 10 + rdlen
 		if typ == typeSOA && i >= an {
 			if rdlen < 22 { // two names of one byte at least, and five numbers
-				return 0, false, false
+				return 0, false, false, false
 			}
 			soa = true
 			ttl = min(ttl, readTTL(msg[off-4:]))
 		}
 		least = min(least, ttl)
 	}
-	return least, soa, true
+	return least, soa, answered, true
 }
 
 // readTTL reads a TTL; one with the top bit set is maxTTL, which the clamps
