@@ -20,6 +20,7 @@
 package cache
 
 import (
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -185,9 +186,18 @@ func (c *Cache) Servable(h Hit, now time.Time) bool {
 // Store reads reply, the upstream's answer to k's query, and stores it if
 // it is cacheable (reply.go), replacing what k held. It returns nil, or why
 // reply was not stored (ErrTruncated, ErrRcode...). reply is copied.
+//
+// An answer that cannot be kept but is the upstream's word on the name — a
+// TTL of 0, a negative answer without an SOA — still supersedes what k
+// held, which is dropped: kept, it would come back as a stale answer once
+// the upstream fails, data the upstream has since changed or withdrawn.
+// One that says nothing about the name (REFUSED, TC, unreadable) leaves it.
 func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 	key := k.Bytes()
 	r, err := readReply(reply, key, &c.cfg)
+	if errors.Is(err, ErrZeroTTL) || errors.Is(err, ErrNoSOA) {
+		c.forget(k)
+	}
 	if err != nil {
 		return err
 	}
@@ -203,6 +213,16 @@ func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 	s.insert(e, t)
 	s.mu.Unlock()
 	return nil
+}
+
+// forget drops the entry k holds, if any.
+func (c *Cache) forget(k *wire.Key) {
+	s := c.shardOf(k.Hash)
+	s.mu.Lock()
+	if e := s.find(k.Hash); e != nil && e.holds(k.Bytes()) && e.where != inNone {
+		s.drop(e)
+	}
+	s.mu.Unlock()
 }
 
 // RefreshFailed tells the cache that refreshing k's entry failed at now:
