@@ -288,6 +288,10 @@ func (p *proxy) unshare(f *flight) {
 	sh.mu.Unlock()
 }
 
+// maxPooledJoiners is the most joiners' room a flight takes back into the
+// pool: enough for the usual handful; a crowd's is let go.
+const maxPooledJoiners = 16
+
 // recycle returns f to the pool, keeping nobody's writer alive.
 func (f *flight) recycle() {
 	f.lead.w = nil
@@ -295,6 +299,9 @@ func (f *flight) recycle() {
 		f.joiners[i].w = nil
 	}
 	f.joiners = f.joiners[:0]
+	if cap(f.joiners) > maxPooledJoiners {
+		f.joiners = nil // a crowd's room (368 bytes a waiter) is not kept in the pool
+	}
 	f.p, f.next = nil, nil
 	f.cached = flightCache{} // holds no cache entry alive in the pool
 	flightPool.Put(f)

@@ -231,7 +231,7 @@ func (m *Metrics) WatchClients(read func() ClientStats) {
 	m.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "client_table_entries",
-			Help: "Client prefixes holding a bucket in the per-client table (at most DNS_CLIENT_TABLE_SIZE).",
+			Help: "Client prefixes holding a bucket in the per-client tables, UDP's and TCP's together (at most DNS_CLIENT_TABLE_SIZE each).",
 		}, func() float64 { return float64(read().Entries) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Name: "client_table_evictions_total",

@@ -436,6 +436,11 @@ func (x *Exchange) Cancel() {
 	x.recycle()
 }
 
+// maxKept is the largest kept answer buffer an Exchange takes back into
+// the pool: a SERVFAIL over TCP may be 64 KiB, and kept, every pooled
+// Exchange would grow to the largest answer it ever saw.
+const maxKept = 8192
+
 // recycle returns x to the pool; a hedge still queued for this use finds
 // another gen.
 func (x *Exchange) recycle() {
@@ -443,6 +448,9 @@ func (x *Exchange) recycle() {
 	x.gen++
 	x.mu.Unlock()
 	x.done, x.doneAt, x.keptErr = nil, nil, nil
+	if cap(x.kept) > maxKept {
+		x.kept = nil // one large answer must not make this Exchange large for good
+	}
 	x.held = guard.Permit{} // settled by the first attempt's landing: never left here
 	for i := range x.att {
 		x.att[i].permit = guard.Permit{}
