@@ -191,11 +191,14 @@ func (c *Cache) Servable(h Hit, now time.Time) bool {
 // TTL of 0, a negative answer without an SOA — still supersedes what k
 // held, which is dropped: kept, it would come back as a stale answer once
 // the upstream fails, data the upstream has since changed or withdrawn.
-// One that says nothing about the name (REFUSED, TC, unreadable) leaves it.
+// One that says nothing about the name (REFUSED, TC, unreadable) leaves
+// it, and so does a CNAME chain that stops short of the type asked with no
+// SOA: a resolver that could not follow the chain to its end may answer
+// so, and that is when the stale answer is wanted.
 func (c *Cache) Store(k *wire.Key, reply []byte, now time.Time) error {
 	key := k.Bytes()
 	r, err := readReply(reply, key, &c.cfg)
-	if errors.Is(err, ErrZeroTTL) || errors.Is(err, ErrNoSOA) {
+	if errors.Is(err, ErrZeroTTL) || errors.Is(err, ErrNoSOA) && r.an == 0 {
 		c.forget(k)
 	}
 	if err != nil {

@@ -30,6 +30,7 @@ func TestAnswerThatCannotBeKeptStillSupersedesTheEntry(t *testing.T) {
 		{"TTL 0", pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 0 IN A 192.0.2.9"}, nil, nil)), ErrZeroTTL, true},
 		{"NXDOMAIN without an SOA", pack(t, answer(t, q, dns.RcodeNameError, nil, nil, nil)), ErrNoSOA, true},
 		{"NODATA without an SOA", pack(t, answer(t, q, dns.RcodeSuccess, nil, nil, nil)), ErrNoSOA, true},
+		{"a CNAME chain short of the type, no SOA", pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN CNAME host.example.net."}, nil, nil)), ErrNoSOA, false},
 		{"REFUSED", pack(t, answer(t, q, dns.RcodeRefused, nil, nil, nil)), ErrRcode, false},
 		{"SERVFAIL", pack(t, answer(t, q, dns.RcodeServerFailure, nil, nil, nil)), ErrRcode, false},
 	}

@@ -91,7 +91,7 @@ type Verdict int
 const (
 	Answer    Verdict = iota // a reply that validates, any rcode
 	Failure                  // a network error, no valid reply, or a timeout while nothing else was answered
-	Uncounted                // says nothing about the upstream: shutdown, never sent, a slow name's timeout
+	Uncounted                // says nothing about the upstream: shutdown, never sent, a slow name's timeout, a folded reply's lost fetch
 )
 
 // String returns "answer", "failure" or "uncounted".
@@ -115,7 +115,7 @@ func Judge(reply []byte, err error) Verdict {
 		return Answer
 	case err == nil:
 		return Failure // no error and no reply: no valid reply
-	case errors.Is(err, ErrNameTimeout),
+	case errors.Is(err, ErrNameTimeout), errors.Is(err, errFetchLost),
 		errors.Is(err, ErrClosed), errors.Is(err, net.ErrClosed), // shutdown
 		NotSent(err):
 		return Uncounted

@@ -17,6 +17,15 @@ const tcpSlots = 4
 // errConnLost ends a query whose connection failed when it could not be sent again.
 var errConnLost = errors.New("upstream: TCP connection lost")
 
+// errFetchLost is errConnLost for a query fetched over TCP after its UDP
+// reply came in another case (case.go): the upstream did answer it, and an
+// upstream that serves UDP alone, behind a farm of which some backends fold
+// case, is not sick. Judge leaves it uncounted, as the timeout such a
+// query ended with before the fetch was (ErrNameTimeout): counted, half the
+// queries of a UDP-only farm half of whose backends fold would open its
+// breaker (TestDiffFoldingFarmWithoutTCPTripsTheBreaker).
+var errFetchLost = errors.New("upstream: the reply came in another case and its fetch over TCP failed: TCP connection lost")
+
 // tcpConns keeps a few long-lived TCP connections to the upstream and
 // pipelines queries on them (RFC 7766): many in flight per connection, each
 // under its own random ID, answered in any order. Names go out in the

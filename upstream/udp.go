@@ -332,6 +332,7 @@ func (s *udpSocket) serveReplies(n int) {
 			}
 			if v == replyFolded {
 				s.u.cases.fetches.Add(1)
+				c.fetched = true
 			}
 			c.unmix()
 			s.u.forwardTCP(c)

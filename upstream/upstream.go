@@ -407,6 +407,7 @@ type call struct {
 	mixed    bool     // the name went out in a random case (0x20): a reply must echo it
 	suspect  bool     // a reply in another case came for this send
 	probe    bool     // asked by the upstream itself, to learn whether it echoes case
+	fetched  bool     // fetched over TCP after a reply in another case (case.go)
 }
 
 var calls = sync.Pool{New: func() any { return new(call) }}
@@ -419,7 +420,7 @@ func newCall(u *Upstream, query []byte, qend int, done Result, sent, deadline ti
 	c.clientID, c.qend, c.sent, c.deadline, c.done, c.doneAt = wire.ID(query), qend, sent, deadline, done, nil
 	c.lastSent = time.Time{}
 	c.sends = 1
-	c.retried, c.mixed, c.suspect, c.probe = false, false, false, false
+	c.retried, c.mixed, c.suspect, c.probe, c.fetched = false, false, false, false, false
 	return c
 }
 
@@ -440,6 +441,9 @@ func (c *call) finish(reply []byte, err error) { c.finishAt(time.Time{}, reply, 
 // of the table calls it; a reader hands it a reply only in time, after
 // markAnswered.
 func (c *call) finishAt(now time.Time, reply []byte, err error) {
+	if c.fetched && errors.Is(err, errConnLost) {
+		err = errFetchLost // the upstream answered it, in another case (case.go)
+	}
 	if reply != nil {
 		if c.mixed {
 			restoreOwners(reply, c.qend, c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], c.name)
