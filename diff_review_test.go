@@ -15,7 +15,7 @@ import (
 // The reply reads whole. The proxy now leaves the TSIG behind
 // (wire.Sections.Relayed) but relays the answer record as it is, pointer
 // and all: the client gets a pointer past the end of its message.
-func TestDiffDroppedTSIGLeavesAForwardPointerDangling(t *testing.T) {
+func TestDiffDroppedTSIGLeavesNoPointerDangling(t *testing.T) {
 	a, up, _ := startCaching(t, nil)
 	readable := make(chan bool, 4)
 	up.SetScript(func(req *dns.Msg, _ string) [][]byte {

@@ -18,7 +18,7 @@ import (
 // default FailThreshold (0.5) enough to open it, and every client of it
 // is refused, where before only the queries that met a folding backend
 // failed.
-func TestDiffFoldingFarmWithoutTCPTripsTheBreaker(t *testing.T) {
+func TestDiffFoldingFarmWithoutTCPLeavesTheBreakerAlone(t *testing.T) {
 	srv := farmServer(t)
 	srv.tcp.Close()
 	u := newUpstream(t, Config{Addr: srv.addr(), Timeout: 300 * time.Millisecond})

@@ -23,7 +23,7 @@ var errConnLost = errors.New("upstream: TCP connection lost")
 // case, is not sick. Judge leaves it uncounted, as the timeout such a
 // query ended with before the fetch was (ErrNameTimeout): counted, half the
 // queries of a UDP-only farm half of whose backends fold would open its
-// breaker (TestDiffFoldingFarmWithoutTCPTripsTheBreaker).
+// breaker (TestDiffFoldingFarmWithoutTCPLeavesTheBreakerAlone).
 var errFetchLost = errors.New("upstream: the reply came in another case and its fetch over TCP failed: TCP connection lost")
 
 // tcpConns keeps a few long-lived TCP connections to the upstream and
