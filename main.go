@@ -41,7 +41,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil))
+	// Once every UDP socket is open (one a core), the P count follows the
+	// load (procs.go).
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, func(a *app) {
+		if most := adaptProcs(ctx); most > 0 {
+			a.eventLog.Info("GOMAXPROCS follows the load: 1 until one thread is busy, then the default", "max", most)
+		}
+	}))
 }
 
 // run is main without the process around it: it returns the exit code, and
