@@ -22,7 +22,8 @@ import (
 //   - But one P moves at most one core's worth of packets. So the proxy
 //     starts every UDP socket it would with the default (one a core, at
 //     start-up), then runs on one P, and takes every P the default gives
-//     once one P is more than procsUp of a core busy; it goes back to one
+//     (the runtime's, as it is then) once one P is more than procsUp of a
+//     core busy; it goes back to one
 //     when the whole process is below procsDown of a core. The gap between
 //     the two keeps it from switching back and forth: at procsDown, one P
 //     is busy well below procsUp.
@@ -39,23 +40,23 @@ const (
 // procsCPU reads the process's CPU time for adaptProcs; tests replace it.
 var procsCPU = processCPU
 
-// nextProcs returns the P count for the next period, given the current one
-// p, the most the proxy may take, and how busy the last period was (CPU
-// seconds per second).
-func nextProcs(p, most int, busy float64) int {
-	switch {
-	case p == 1 && busy > procsUp:
-		return most
-	case p > 1 && busy < procsDown:
-		return 1
+// wantOne reports whether the next period runs on one P, given whether
+// this one did and how busy it was (CPU seconds per second).
+func wantOne(one bool, busy float64) bool {
+	if one {
+		return busy <= procsUp
 	}
-	return p
+	return busy < procsDown
 }
 
 // adaptProcs runs the proxy on one P until it needs more, as the head
-// comment says, until ctx ends, when it gives back the P count it found.
-// It returns the most Ps it will take, or 0 if it does not adapt: when
-// GOMAXPROCS is set in the environment, or the default is one P.
+// comment says, until ctx ends, when it gives the runtime its default back.
+// It returns the default it found, or 0 if it does not adapt: when
+// GOMAXPROCS is set in the environment, or the default is one P. Taking
+// more Ps it asks for the runtime's default as it is then
+// (runtime.SetDefaultGOMAXPROCS), which also lets the runtime follow a
+// changed CPU limit again; setting one P stops that until it does
+// (TestProcsBusyPeriodTakesTheCurrentDefault).
 func adaptProcs(ctx context.Context) int {
 	most := runtime.GOMAXPROCS(0)
 	if _, set := os.LookupEnv("GOMAXPROCS"); set || most < 2 || !procsAdapt {
@@ -66,19 +67,26 @@ func adaptProcs(ctx context.Context) int {
 	go func() {
 		tick := time.NewTicker(procsEvery)
 		defer tick.Stop()
-		p, lastCPU, lastWall := 1, readCPU(), time.Now()
+		one, lastCPU, lastWall := true, readCPU(), time.Now()
 		for {
 			select {
 			case <-ctx.Done():
-				runtime.GOMAXPROCS(most)
+				runtime.SetDefaultGOMAXPROCS()
 				return
 			case now := <-tick.C:
 				cpu := readCPU()
 				busy := float64(cpu-lastCPU) / float64(now.Sub(lastWall))
 				lastCPU, lastWall = cpu, now
-				if next := nextProcs(p, most, busy); next != p {
-					p = next
-					runtime.GOMAXPROCS(p)
+				if next := wantOne(one, busy); next != one {
+					one = next
+					if one {
+						runtime.GOMAXPROCS(1)
+					} else {
+						// The default as it is now, not as it was at start:
+						// the CPUs the process may use can change while it
+						// runs, and the runtime follows them again from here.
+						runtime.SetDefaultGOMAXPROCS()
+					}
 				}
 			}
 		}

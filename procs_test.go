@@ -8,25 +8,24 @@ import (
 	"time"
 )
 
-func TestNextProcs(t *testing.T) {
+func TestWantOne(t *testing.T) {
 	tests := []struct {
-		p, most int
-		busy    float64
-		want    int
+		one  bool
+		busy float64
+		want bool
 	}{
-		{1, 8, 0, 1},
-		{1, 8, 0.5, 1},
-		{1, 8, procsUp, 1},        // at the line: not yet
-		{1, 8, procsUp + 0.01, 8}, // one P busier than that: every P
-		{8, 8, 3.5, 8},
-		{8, 8, procsUp, 8}, // between the lines: stays, whichever side it came from
-		{8, 8, procsDown, 8},
-		{8, 8, procsDown - 0.01, 1},
-		{1, 2, 0.9, 2},
+		{true, 0, true},
+		{true, 0.5, true},
+		{true, procsUp, true},         // at the line: not yet
+		{true, procsUp + 0.01, false}, // one P busier than that: every P
+		{false, 3.5, false},
+		{false, procsUp, false}, // between the lines: stays, whichever side it came from
+		{false, procsDown, false},
+		{false, procsDown - 0.01, true},
 	}
 	for _, tt := range tests {
-		if got := nextProcs(tt.p, tt.most, tt.busy); got != tt.want {
-			t.Errorf("nextProcs(%d, %d, %.2f) = %d, want %d", tt.p, tt.most, tt.busy, got, tt.want)
+		if got := wantOne(tt.one, tt.busy); got != tt.want {
+			t.Errorf("wantOne(%v, %.2f) = %v, want %v", tt.one, tt.busy, got, tt.want)
 		}
 	}
 }
@@ -65,8 +64,8 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	}
 	t.Cleanup(func() { procsCPU = processCPU })
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // a failed check must not leave the controller running
 	if got := adaptProcs(ctx); got != most {
-		cancel()
 		t.Fatalf("adaptProcs = %d, want %d", got, most)
 	}
 	wantProcs := func(what string, want int) {
