@@ -16,17 +16,16 @@ import (
 //     costs: threads that spin looking for work, futex wake-ups when the
 //     poller readies two goroutines at once, goroutines moving between
 //     cores. On the 2-core test machine, beside NSD and the load
-//     generator, one P answered 15k q/s sooner (136 against 178 µs on
-//     average) and reached a higher peak (89.7k against 68.5k QPS) than
-//     the default of one P a core.
+//     generator, against the default of one P a core: 474 against 1,164
+//     µs on average at 40k q/s, a peak of 83k against 70k QPS, 194 against
+//     214 µs at 15k (README, "CPU").
 //   - But one P moves at most one core's worth of packets. So the proxy
-//     starts every UDP socket it would with the default (one a core, at
+//     opens every UDP socket it would with the default (one a core, at
 //     start-up), then runs on one P, and takes every P the default gives
 //     (the runtime's, as it is then) once one P is more than procsUp of a
-//     core busy; it goes back to one
-//     when the whole process is below procsDown of a core. The gap between
-//     the two keeps it from switching back and forth: at procsDown, one P
-//     is busy well below procsUp.
+//     core busy; it goes back to one when the whole process is below
+//     procsDown of a core. The gap between the two keeps it from switching
+//     back and forth: at procsDown, one P is busy well below procsUp.
 //   - Busy is the process's CPU time (user and system, every thread: the
 //     system calls are the most of it) over each procsEvery of wall time.
 //   - An operator who sets GOMAXPROCS has chosen: the proxy leaves it be.
