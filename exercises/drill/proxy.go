@@ -93,9 +93,16 @@ func startProxy(bin string, env map[string]string) (*proxyProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	metricsPort, err := freePort()
-	if err != nil {
-		return nil, err
+	// A port freed a moment ago may be handed out again at once: the two
+	// must differ, or the proxy refuses to start (both on TCP).
+	metricsPort := dnsPort
+	for i := 0; i < 20 && metricsPort == dnsPort; i++ {
+		if metricsPort, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	if metricsPort == dnsPort {
+		return nil, errors.New("no second free port")
 	}
 	p := &proxyProcess{
 		Addr:    fmt.Sprintf("127.0.0.1:%d", dnsPort),
