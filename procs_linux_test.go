@@ -46,33 +46,6 @@ func setAffinityAll(t *testing.T, m cpuMask) {
 	}
 }
 
-// waitProcs polls the runtime's setting, which has no event to wait on,
-// until it is want or the deadline passes; it reports whether it got there.
-func waitProcs(want int, within time.Duration) bool {
-	for deadline := time.Now().Add(within); runtime.GOMAXPROCS(0) != want; {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
-}
-
-// fakeProcsCPU makes the controller's CPU time grow at *rate nanoseconds
-// a second, and counts its readings.
-func fakeProcsCPU(t *testing.T, rate, reads *atomic.Int64) {
-	start, cpu0 := time.Now(), time.Duration(0)
-	var last atomic.Int64
-	procsCPU = func() time.Duration {
-		reads.Add(1)
-		now := time.Since(start)
-		prev := time.Duration(last.Swap(int64(now)))
-		cpu0 += time.Duration(float64(now-prev) * float64(rate.Load()) / 1e9)
-		return cpu0
-	}
-	t.Cleanup(func() { procsCPU = processCPU })
-}
-
 // Since Go 1.25 the runtime's default P count follows the CPUs the process
 // may use while it runs (cgroup CPU limit, CPU affinity): README's CPU
 // paragraph counts on it. When those shrink under a running proxy (systemctl

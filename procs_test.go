@@ -51,18 +51,8 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	if most < 2 {
 		t.Skipf("GOMAXPROCS is %d: nothing to adapt", most)
 	}
-	var rate atomic.Int64 // CPU nanoseconds per wall second
-	start, cpu0 := time.Now(), time.Duration(0)
-	var last, reads atomic.Int64
-	procsCPU = func() time.Duration {
-		reads.Add(1)
-		// CPU time grows at rate from the last reading on.
-		now := time.Since(start)
-		prev := time.Duration(last.Swap(int64(now)))
-		cpu0 += time.Duration(float64(now-prev) * float64(rate.Load()) / 1e9)
-		return cpu0
-	}
-	t.Cleanup(func() { procsCPU = processCPU })
+	var rate, reads atomic.Int64 // CPU nanoseconds per wall second; the controller's readings
+	fakeProcsCPU(t, &rate, &reads)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // a failed check must not leave the controller running
 	if got := adaptProcs(ctx); got != most {
@@ -70,12 +60,8 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	}
 	wantProcs := func(what string, want int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.GOMAXPROCS(0) != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: GOMAXPROCS %d, want %d", what, runtime.GOMAXPROCS(0), want)
-			}
-			time.Sleep(10 * time.Millisecond) // polling the runtime's setting, which has no event to wait on
+		if !waitProcs(want, 5*time.Second) {
+			t.Fatalf("%s: GOMAXPROCS %d, want %d", what, runtime.GOMAXPROCS(0), want)
 		}
 	}
 	wantProcs("at start", 1)
@@ -97,4 +83,31 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	wantProcs("load gone", 1)
 	cancel()
 	wantProcs("stopped", most)
+}
+
+// waitProcs polls the runtime's setting, which has no event to wait on,
+// until it is want or the deadline passes; it reports whether it got there.
+func waitProcs(want int, within time.Duration) bool {
+	for deadline := time.Now().Add(within); runtime.GOMAXPROCS(0) != want; {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// fakeProcsCPU makes the controller's CPU time grow at *rate nanoseconds
+// a second, and counts its readings.
+func fakeProcsCPU(t *testing.T, rate, reads *atomic.Int64) {
+	start, cpu0 := time.Now(), time.Duration(0)
+	var last atomic.Int64
+	procsCPU = func() time.Duration {
+		reads.Add(1)
+		now := time.Since(start)
+		prev := time.Duration(last.Swap(int64(now)))
+		cpu0 += time.Duration(float64(now-prev) * float64(rate.Load()) / 1e9)
+		return cpu0
+	}
+	t.Cleanup(func() { procsCPU = processCPU })
 }
