@@ -300,5 +300,8 @@ func usage() string {
 		`{{if .Tags.Get "max"}}{{.Tags.Get "min"}}..{{.Tags.Get "max"}}{{else}}-{{end}}`+"\t"+
 		"{{usage_description .}}\n{{end}}")
 	tw.Flush()
+	b.WriteString("\nAlso read from the environment:\n")
+	b.WriteString("  GOMAXPROCS      unset: the threads running Go code follow the load, one until it is busy, then one a core; set: kept as given\n")
+	b.WriteString("  NOTIFY_SOCKET   set by systemd (Type=notify): READY=1 once answering, STOPPING=1 when the drain starts\n")
 	return b.String()
 }

@@ -32,3 +32,18 @@ func TestReadmeClientRateLimitHelpNamesTCP(t *testing.T) {
 		t.Errorf("-h says the per-client gate is for UDP alone; it gates TCP too, with a table of its own:\n%s", line)
 	}
 }
+
+// dnsproxi -h names the two variables outside DNS_* that change what the
+// proxy does: GOMAXPROCS (unset, the thread count follows the load; set,
+// it is kept: procs.go) and NOTIFY_SOCKET (systemd's readiness).
+func TestReadmeHelpNamesTheOtherVariables(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &out, &errOut, nil); code != 0 {
+		t.Fatalf("-h exit %d", code)
+	}
+	for _, name := range []string{"GOMAXPROCS", "NOTIFY_SOCKET"} {
+		if !strings.Contains(out.String(), "\n  "+name+" ") {
+			t.Errorf("-h does not name %s:\n%s", name, out.String())
+		}
+	}
+}
