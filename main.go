@@ -42,9 +42,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// Once every UDP socket is open (one a core), the P count follows the
-	// load (procs.go).
+	// load, and on one P the UDP queries go to one socket (procs.go).
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, func(a *app) {
-		if most := adaptProcs(ctx); most > 0 {
+		focus := func(one bool) {
+			if err := a.server.FocusUDP(one); err != nil && !errors.Is(err, net.ErrClosed) {
+				a.eventLog.Warn("could not steer UDP queries", "to_first_socket", one, "err", err)
+			}
+		}
+		if most := adaptProcs(ctx, focus); most > 0 {
 			a.eventLog.Info("GOMAXPROCS follows the load: 1 until one thread is busy, then the default", "max", most)
 		}
 	}))

@@ -26,6 +26,11 @@ import (
 //     core busy; it goes back to one when the whole process is below
 //     procsDown of a core. The gap between the two keeps it from switching
 //     back and forth: at procsDown, one P is busy well below procsUp.
+//   - While it runs on one P, the kernel hands every UDP query to the
+//     first of those sockets (focus, dnsserver.Server.FocusUDP): one
+//     reader empties it in large batches, where queries spread over a
+//     socket a core wake a reader each, one after another, on the one
+//     thread. With every P, the kernel spreads them again, a reader each.
 //   - Busy is the process's CPU time (user and system, every thread: the
 //     system calls are the most of it) over each procsEvery of wall time.
 //   - An operator who sets GOMAXPROCS has chosen: the proxy leaves it be.
@@ -50,18 +55,21 @@ func wantOne(one bool, busy float64) bool {
 
 // adaptProcs runs the proxy on one P until it needs more, as the head
 // comment says, until ctx ends, when it gives the runtime its default back.
+// It calls focus(true) as it takes one P and focus(false) as it takes
+// more, and once more as it stops.
 // It returns the default it found, or 0 if it does not adapt: when
 // GOMAXPROCS is set in the environment, or the default is one P. Taking
 // more Ps it asks for the runtime's default as it is then
 // (runtime.SetDefaultGOMAXPROCS), which also lets the runtime follow a
 // changed CPU limit again; setting one P stops that until it does
 // (TestProcsBusyPeriodTakesTheCurrentDefault).
-func adaptProcs(ctx context.Context) int {
+func adaptProcs(ctx context.Context, focus func(one bool)) int {
 	most := runtime.GOMAXPROCS(0)
 	if _, set := os.LookupEnv("GOMAXPROCS"); set || most < 2 || !procsAdapt {
 		return 0
 	}
 	runtime.GOMAXPROCS(1)
+	focus(true)
 	readCPU := procsCPU
 	go func() {
 		tick := time.NewTicker(procsEvery)
@@ -71,6 +79,7 @@ func adaptProcs(ctx context.Context) int {
 			select {
 			case <-ctx.Done():
 				runtime.SetDefaultGOMAXPROCS()
+				focus(false)
 				return
 			case now := <-tick.C:
 				cpu := readCPU()
@@ -86,6 +95,7 @@ func adaptProcs(ctx context.Context) int {
 						// runs, and the runtime follows them again from here.
 						runtime.SetDefaultGOMAXPROCS()
 					}
+					focus(one)
 				}
 			}
 		}

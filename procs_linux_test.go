@@ -89,7 +89,7 @@ func TestProcsBusyPeriodTakesTheCurrentDefault(t *testing.T) {
 			waitProcs(most, 5*time.Second)
 		}
 	})
-	if got := adaptProcs(ctx); got != most {
+	if got := adaptProcs(ctx, func(bool) {}); got != most {
 		t.Fatalf("adaptProcs = %d, want %d", got, most)
 	}
 	if !waitProcs(1, 5*time.Second) {

@@ -34,7 +34,7 @@ func TestWantOne(t *testing.T) {
 func TestAdaptProcsLeavesAnOperatorsChoice(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "2")
 	before := runtime.GOMAXPROCS(0)
-	if most := adaptProcs(t.Context()); most != 0 {
+	if most := adaptProcs(t.Context(), func(one bool) { t.Errorf("focus(%v) while not adapting", one) }); most != 0 {
 		t.Fatalf("adaptProcs = %d with GOMAXPROCS set, want 0 (not adapting)", most)
 	}
 	if got := runtime.GOMAXPROCS(0); got != before {
@@ -44,7 +44,8 @@ func TestAdaptProcsLeavesAnOperatorsChoice(t *testing.T) {
 
 // The proxy starts on one P, takes every P the default gives when one is
 // busy, goes back to one when the load falls, and gives the default back
-// when it stops. The process's CPU time is faked: busy is what the test
+// when it stops; its UDP queries go to one socket exactly while it runs
+// on one P. The process's CPU time is faked: busy is what the test
 // says it is.
 func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	most := runtime.GOMAXPROCS(0)
@@ -55,13 +56,22 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	fakeProcsCPU(t, &rate, &reads)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // a failed check must not leave the controller running
-	if got := adaptProcs(ctx); got != most {
+	focused := make(chan bool, 8)
+	if got := adaptProcs(ctx, func(one bool) { focused <- one }); got != most {
 		t.Fatalf("adaptProcs = %d, want %d", got, most)
 	}
 	wantProcs := func(what string, want int) {
 		t.Helper()
 		if !waitProcs(want, 5*time.Second) {
 			t.Fatalf("%s: GOMAXPROCS %d, want %d", what, runtime.GOMAXPROCS(0), want)
+		}
+		select {
+		case one := <-focused:
+			if one != (want == 1) {
+				t.Fatalf("%s: focus(%v) on %d Ps", what, one, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the UDP sockets were not told", what)
 		}
 	}
 	wantProcs("at start", 1)
@@ -78,6 +88,9 @@ func TestAdaptProcsFollowsTheLoad(t *testing.T) {
 	}
 	if got := runtime.GOMAXPROCS(0); got != most {
 		t.Fatalf("between the lines: GOMAXPROCS %d, want it to stay %d", got, most)
+	}
+	if len(focused) != 0 {
+		t.Fatalf("between the lines: focus(%v), with the P count unchanged", <-focused)
 	}
 	rate.Store(1e8)
 	wantProcs("load gone", 1)

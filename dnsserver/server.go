@@ -266,6 +266,24 @@ func (s *Server) LocalAddr() netip.AddrPort {
 	return s.udp[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
+// FocusUDP(true) has the kernel deliver every UDP query to the first of
+// the server's sockets; FocusUDP(false) spreads them over all of them again
+// by client address, as at start. A proxy running its Go code on one thread
+// answers sooner from one socket read in large batches than from several
+// read in small ones, each reader waking the one thread on its own; with
+// more threads, each socket's reader has its own (README, "CPU"). Queries
+// already queued on another socket are still read and answered. Call it
+// once the server listens; with one socket it does nothing.
+func (s *Server) FocusUDP(one bool) error {
+	if len(s.udp) < 2 {
+		return nil
+	}
+	if err := focusUDP(s.udp[0].conn, one); err != nil {
+		return fmt.Errorf("dnsserver: steering UDP queries: %w", err)
+	}
+	return nil
+}
+
 // Unanswered returns how many queries were taken and not yet answered.
 func (s *Server) Unanswered() int { return int(s.unanswered.Load()) }
 
