@@ -1,9 +1,15 @@
 package dnsserver
 
 import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // FocusUDP(true) sends every client's queries to the first socket, whose
@@ -58,5 +64,77 @@ func TestFocusUDPSteersEveryQueryToTheFirstSocket(t *testing.T) {
 	}
 	if err := s.FocusUDP(false); err != nil {
 		t.Errorf("spreading what is spread already: %v", err)
+	}
+}
+
+// askMany sends one query from each of n new client sockets at once, and
+// returns how many were answered within timeout.
+func askMany(t *testing.T, addr string, n int, timeout time.Duration) int {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeA)
+	pkt, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	clients := make([]net.Conn, n)
+	for i := range clients {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(pkt); err != nil {
+			t.Fatal(err)
+		}
+		clients[i] = c
+	}
+	answered := 0
+	for _, c := range clients {
+		// Once a read has waited out the deadline, the others still look
+		// at what their sockets hold: a deadline already past would make
+		// them fail without reading.
+		if last := time.Now().Add(10 * time.Millisecond); last.After(deadline) {
+			c.SetReadDeadline(last)
+		} else {
+			c.SetReadDeadline(deadline)
+		}
+		if _, err := c.Read(make([]byte, 512)); err == nil {
+			answered++
+		}
+	}
+	return answered
+}
+
+// A socket of the same user bound to the port with SO_REUSEPORT before the
+// server joins the kernel's group with the server's sockets, and is the
+// group's first: the spread gives it a share of the queries, but focusing
+// must not give it all of them.
+func TestFocusUDPNeverHandsEveryQueryToASocketBoundBefore(t *testing.T) {
+	before, err := listenReusePort(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { before.Close() })
+	s := &Server{UDPSockets: 2, Addr: before.LocalAddr().String(), Handler: echo}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	addr := s.LocalAddr().String()
+	focusErr := s.FocusUDP(true)
+	// Spread, two thirds of the clients reach the server: none of 32 has a
+	// chance of 3^-32.
+	const clients = 32
+	if n := askMany(t, addr, clients, time.Second); n == 0 {
+		t.Fatalf("focused on a port shared with a socket bound before the server: %d of %d queries answered, every one went to that socket", n, clients)
+	}
+	if !errors.Is(focusErr, ErrUDPPortShared) {
+		t.Errorf("FocusUDP on a port shared with a socket bound before: %v, want ErrUDPPortShared", focusErr)
 	}
 }

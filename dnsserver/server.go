@@ -45,6 +45,12 @@ var ErrServerClosed = errors.New("dnsserver: server closed")
 // ErrAnswered is returned by a ResponseWriter's second Write.
 var ErrAnswered = errors.New("dnsserver: query already answered")
 
+// ErrUDPPortShared is returned by FocusUDP when sockets the server did not
+// open held the UDP port with SO_REUSEPORT (a process of the same user)
+// before it started: the first socket of the kernel's group is one of
+// theirs, and steering every query to it would hand them all.
+var ErrUDPPortShared = errors.New("dnsserver: the UDP port was shared before the server bound it")
+
 // Query is one query as the handler gets it: the packet, and what the
 // server read from it.
 type Query struct {
@@ -146,6 +152,7 @@ type Server struct {
 	Forwards *batchio.Group
 
 	udp        []*listenSocket
+	udpShared  bool // others held the UDP port first: udp[0] is not the group's first
 	tcp        *net.TCPListener
 	unanswered atomic.Int64  // queries taken, not yet answered
 	connTokens chan struct{} // one token per open TCP connection
@@ -242,14 +249,14 @@ func (s *Server) setDefaults() {
 // port UDP was given may be taken for TCP; then it tries another.
 func (s *Server) listen(ap netip.AddrPort) error {
 	for attempt := 0; ; attempt++ {
-		socks, err := listenUDP(ap, s.UDPSockets)
+		socks, shared, err := listenUDP(ap, s.UDPSockets)
 		if err != nil {
 			return fmt.Errorf("dnsserver: %w", err)
 		}
 		bound := socks[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
 		tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(bound))
 		if err == nil {
-			s.udp, s.tcp = socks, tcp
+			s.udp, s.udpShared, s.tcp = socks, shared, tcp
 			return nil
 		}
 		for _, u := range socks {
@@ -273,10 +280,14 @@ func (s *Server) LocalAddr() netip.AddrPort {
 // read in small ones, each reader waking the one thread on its own; with
 // more threads, each socket's reader has its own (README, "CPU"). Queries
 // already queued on another socket are still read and answered. Call it
-// once the server listens; with one socket it does nothing.
+// once the server listens; with one socket it does nothing. On a port that
+// others held first it does nothing and returns ErrUDPPortShared.
 func (s *Server) FocusUDP(one bool) error {
 	if len(s.udp) < 2 {
 		return nil
+	}
+	if s.udpShared {
+		return ErrUDPPortShared
 	}
 	if err := focusUDP(s.udp[0].conn, one); err != nil {
 		return fmt.Errorf("dnsserver: steering UDP queries: %w", err)

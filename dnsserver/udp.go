@@ -25,16 +25,21 @@ type listenSocket struct {
 	writer *batchio.Writer
 }
 
-// listenUDP binds n sockets to ap, sharing the port where the system allows.
-func listenUDP(ap netip.AddrPort, n int) ([]*listenSocket, error) {
-	var socks []*listenSocket
+// listenUDP binds n sockets to ap, sharing the port where the system
+// allows. It reports whether others held the port first (listenFirst).
+func listenUDP(ap netip.AddrPort, n int) (socks []*listenSocket, shared bool, err error) {
 	for i := range n {
-		conn, err := listenReusePort(ap)
+		var conn *net.UDPConn
+		if i == 0 {
+			conn, shared, err = listenFirst(ap)
+		} else {
+			conn, err = listenReusePort(ap)
+		}
 		if err != nil {
 			for _, s := range socks {
 				s.close()
 			}
-			return nil, err
+			return nil, false, err
 		}
 		if i == 0 {
 			ap = conn.LocalAddr().(*net.UDPAddr).AddrPort() // the others join the port the first was given
@@ -53,9 +58,9 @@ func listenUDP(ap netip.AddrPort, n int) ([]*listenSocket, error) {
 		for _, s := range socks {
 			s.close()
 		}
-		return nil, err
+		return nil, false, err
 	}
-	return socks, nil
+	return socks, shared, nil
 }
 
 func (u *listenSocket) close() {
