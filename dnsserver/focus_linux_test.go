@@ -138,3 +138,60 @@ func TestFocusUDPNeverHandsEveryQueryToASocketBoundBefore(t *testing.T) {
 		t.Errorf("FocusUDP on a port shared with a socket bound before: %v, want ErrUDPPortShared", focusErr)
 	}
 }
+
+// Sockets of the same user that join the port after the server (SO_REUSEPORT)
+// share the kernel's group with it, and the group, with the program that
+// steers it, outlives the server's sockets. Once the server has shut down,
+// the kernel must spread the queries over those sockets as it would had the
+// server never focused, not send every one to whichever of them is first now.
+func TestShutdownGivesTheKernelItsSpreadBack(t *testing.T) {
+	s := &Server{UDPSockets: 2}
+	addr := startServer(t, s)
+	var after [2]*net.UDPConn
+	for i := range after {
+		c, err := listenReusePort(netip.MustParseAddrPort(addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		after[i] = c
+	}
+	if err := s.FocusUDP(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FocusUDP(true); err == nil {
+		t.Errorf("FocusUDP after Shutdown: nil, want an error")
+	}
+
+	const clients = 64
+	for range clients {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Write([]byte("a packet from a client of its own"))
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got [2]int
+	for i, c := range after {
+		for range clients {
+			c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if _, err := c.Read(make([]byte, 512)); err != nil {
+				break
+			}
+			got[i]++
+		}
+	}
+	// By hash, all 64 on one socket has a chance of 2^-63.
+	if got[0] == 0 || got[1] == 0 {
+		t.Errorf("after the server shut down, the sockets that joined its port read %d and %d of %d clients' packets, want some on each", got[0], got[1], clients)
+	}
+}

@@ -153,6 +153,8 @@ type Server struct {
 
 	udp        []*listenSocket
 	udpShared  bool // others held the UDP port first: udp[0] is not the group's first
+	focusMu    sync.Mutex
+	focused    bool // FocusUDP(true) steers the port's group to udp[0]; under focusMu
 	tcp        *net.TCPListener
 	unanswered atomic.Int64  // queries taken, not yet answered
 	connTokens chan struct{} // one token per open TCP connection
@@ -281,7 +283,8 @@ func (s *Server) LocalAddr() netip.AddrPort {
 // more threads, each socket's reader has its own (README, "CPU"). Queries
 // already queued on another socket are still read and answered. Call it
 // once the server listens; with one socket it does nothing. On a port that
-// others held first it does nothing and returns ErrUDPPortShared.
+// others held first it does nothing and returns ErrUDPPortShared; once
+// Shutdown has begun, ErrServerClosed.
 func (s *Server) FocusUDP(one bool) error {
 	if len(s.udp) < 2 {
 		return nil
@@ -289,10 +292,32 @@ func (s *Server) FocusUDP(one bool) error {
 	if s.udpShared {
 		return ErrUDPPortShared
 	}
+	s.focusMu.Lock()
+	defer s.focusMu.Unlock()
+	if s.closing.Load() {
+		return ErrServerClosed // Shutdown has spread the queries again, for good
+	}
 	if err := focusUDP(s.udp[0].conn, one); err != nil {
 		return fmt.Errorf("dnsserver: steering UDP queries: %w", err)
 	}
+	s.focused = one
 	return nil
+}
+
+// spreadUDP gives the kernel its own spread back as the server stops. The
+// program that steers the port belongs to the kernel's group, not to a
+// socket: when sockets of another process joined the port after the server,
+// the group outlives the server's sockets with it, and once udp[0] is
+// closed, index 0 is one of theirs, which would get every query. Called
+// with closing set, so that no FocusUDP steers again after it.
+func (s *Server) spreadUDP() {
+	s.focusMu.Lock()
+	defer s.focusMu.Unlock()
+	if s.focused {
+		// An error leaves nothing better to do: the sockets close anyway.
+		focusUDP(s.udp[0].conn, false)
+		s.focused = false
+	}
 }
 
 // Unanswered returns how many queries were taken and not yet answered.
@@ -304,11 +329,13 @@ func (s *Server) Unanswered() int { return int(s.unanswered.Load()) }
 // waits, within ctx, for the graceful closes of TCP connections (linger.go),
 // up to a second each; one still under way when ctx ends is cut short,
 // which is no error: its answers were written, and its client had until
-// then to take them.
+// then to take them. It spreads the UDP queries again first, if FocusUDP
+// had focused them, and for good.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.closing.Swap(true) || s.udp == nil {
 		return nil
 	}
+	s.spreadUDP() // before the readers stop: a share, not every query, for the port's other sockets
 	s.tcp.Close()
 	for _, u := range s.udp {
 		u.conn.SetReadDeadline(time.Now()) // wakes the reader; writes still work
