@@ -44,12 +44,7 @@ func main() {
 	// Once every UDP socket is open (one a core), the P count follows the
 	// load, and on one P the UDP queries go to one socket (procs.go).
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, func(a *app) {
-		focus := func(one bool) {
-			if err := a.server.FocusUDP(one); err != nil && !errors.Is(err, net.ErrClosed) {
-				a.eventLog.Warn("could not steer UDP queries", "to_first_socket", one, "err", err)
-			}
-		}
-		if most := adaptProcs(ctx, focus); most > 0 {
+		if most := adaptProcs(ctx, focusLogged(a.eventLog, a.server.FocusUDP)); most > 0 {
 			a.eventLog.Info("GOMAXPROCS follows the load: 1 until one thread is busy, then the default", "max", most)
 		}
 	}))

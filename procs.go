@@ -2,9 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
+
+	"dnsproxi/dnsserver"
 )
 
 // How many threads run the proxy's Go code at once (GOMAXPROCS), decided
@@ -101,4 +107,22 @@ func adaptProcs(ctx context.Context, focus func(one bool)) int {
 		}
 	}()
 	return most
+}
+
+// focusLogged returns adaptProcs's focus for the server's FocusUDP. It
+// warns of the first failure only: a kernel without reuse-port programs,
+// or a port others held first, fails the same way at every change of the
+// P count, and the load may cross the lines all day. A server shutting
+// down is no failure.
+func focusLogged(log *slog.Logger, focusUDP func(one bool) error) func(one bool) {
+	var warned atomic.Bool
+	return func(one bool) {
+		err := focusUDP(one)
+		if err == nil || errors.Is(err, net.ErrClosed) || errors.Is(err, dnsserver.ErrServerClosed) {
+			return
+		}
+		if !warned.Swap(true) {
+			log.Warn("could not steer UDP queries; later failures are not logged", "to_first_socket", one, "err", err)
+		}
+	}
 }

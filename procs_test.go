@@ -1,11 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
+	"net"
 	"runtime"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"dnsproxi/dnsserver"
 )
 
 func TestWantOne(t *testing.T) {
@@ -123,4 +131,33 @@ func fakeProcsCPU(t *testing.T, rate, reads *atomic.Int64) {
 		return cpu0
 	}
 	t.Cleanup(func() { procsCPU = processCPU })
+}
+
+// A kernel without reuse-port programs, or a port others held first, fails
+// the same way each time the P count changes: the operator is told once,
+// not every time the load crosses a line. A server shutting down is no
+// failure at all.
+func TestFocusLoggedWarnsOnce(t *testing.T) {
+	tests := []struct {
+		name  string
+		err   error
+		warns int
+	}{
+		{"no such option", fmt.Errorf("dnsserver: steering UDP queries: %w", syscall.ENOPROTOOPT), 1},
+		{"port shared", dnsserver.ErrUDPPortShared, 1},
+		{"server shut down", dnsserver.ErrServerClosed, 0},
+		{"socket closed", fmt.Errorf("dnsserver: steering UDP queries: %w", net.ErrClosed), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			focus := focusLogged(slog.New(slog.NewTextHandler(&out, nil)), func(bool) error { return tt.err })
+			for _, one := range []bool{true, false, true, false} {
+				focus(one)
+			}
+			if got := strings.Count(out.String(), "could not steer"); got != tt.warns {
+				t.Errorf("%d warnings over 4 changes, want %d:\n%s", got, tt.warns, out.String())
+			}
+		})
+	}
 }
