@@ -71,25 +71,36 @@ func TestFocusUDPSteersEveryQueryToTheFirstSocket(t *testing.T) {
 // returns how many were answered within timeout.
 func askMany(t *testing.T, addr string, n int, timeout time.Duration) int {
 	t.Helper()
+	return answers(sendMany(t, addr, n), time.Now().Add(timeout))
+}
+
+// sendMany sends one query from each of n new client sockets, closed when
+// the test ends.
+func sendMany(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion("www.example.com.", dns.TypeA)
 	pkt, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(timeout)
 	clients := make([]net.Conn, n)
 	for i := range clients {
 		c, err := net.Dial("udp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
 		if _, err := c.Write(pkt); err != nil {
 			t.Fatal(err)
 		}
 		clients[i] = c
 	}
+	return clients
+}
+
+// answers returns how many of the clients read an answer by deadline.
+func answers(clients []net.Conn, deadline time.Time) int {
 	answered := 0
 	for _, c := range clients {
 		// Once a read has waited out the deadline, the others still look
@@ -193,5 +204,41 @@ func TestShutdownGivesTheKernelItsSpreadBack(t *testing.T) {
 	// By hash, all 64 on one socket has a chance of 2^-63.
 	if got[0] == 0 || got[1] == 0 {
 		t.Errorf("after the server shut down, the sockets that joined its port read %d and %d of %d clients' packets, want some on each", got[0], got[1], clients)
+	}
+}
+
+// FocusUDP's promise: queries already queued on another socket when the
+// kernel starts handing every new one to the first are still read and
+// answered. The second socket's reader is held in the handler while the
+// clients' queries arrive, so that its share waits in its socket.
+func TestFocusUDPAnswersWhatTheOtherSocketsHold(t *testing.T) {
+	s := &Server{UDPSockets: 2}
+	held, release := make(chan struct{}), make(chan struct{})
+	var holding atomic.Bool
+	s.Handler = HandlerFunc(func(w ResponseWriter, q *Query) {
+		if uw, ok := w.(*udpWriter); ok && uw.out == s.udp[1].writer && !holding.Swap(true) {
+			close(held)
+			select {
+			case <-release:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		echo(w, q)
+	})
+	addr := startServer(t, s)
+	const clients = 64
+	sent := sendMany(t, addr, clients)
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no query reached the second socket")
+	}
+	err := s.FocusUDP(true)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := answers(sent, time.Now().Add(5*time.Second)); n != clients {
+		t.Errorf("%d of %d queries answered, with the second socket's focused away", n, clients)
 	}
 }
