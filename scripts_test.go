@@ -255,3 +255,43 @@ func TestCompareSweepVariables(t *testing.T) {
 		})
 	}
 }
+
+// make fuzz passes a run that Go's fuzzing coordinator ended with a bare
+// "context deadline exceeded" and no failing input (golang/go#75804), and
+// fails one that wrote a failing input or failed otherwise. A fake go
+// command plays each ending.
+func TestFuzzScriptTellsTheCoordinatorsDeadlineFromAFinding(t *testing.T) {
+	deadline := "fuzz: elapsed: 10s, execs: 1000 (100/sec)\n--- FAIL: FuzzX (10.40s)\n    context deadline exceeded\nFAIL\nexit status 1\nFAIL\tdnsproxi\t10.405s\n"
+	finding := "--- FAIL: FuzzX (0.10s)\n    fuzz_test.go:9: boom\n    Failing input written to testdata/fuzz/FuzzX/0123\nFAIL\n"
+	tests := []struct {
+		name   string
+		output string
+		writes bool // the fake writes a failing input into the corpus
+		code   int  // its exit code
+		want   int
+	}{
+		{"passed", "PASS\nok\tdnsproxi\t10.1s\n", false, 0, 0},
+		{"the coordinator's deadline, nothing written", deadline, false, 1, 0},
+		{"the deadline's words, but an input written", deadline, true, 1, 1},
+		{"a finding", finding, true, 1, 1},
+		{"another failure", "--- FAIL: FuzzX (0.10s)\n    seed#0: boom\nFAIL\n", false, 1, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pkg := t.TempDir()
+			fake := filepath.Join(t.TempDir(), "go")
+			script := "#!/bin/sh\ncat <<'OUT'\n" + tt.output + "OUT\n"
+			if tt.writes {
+				script += "mkdir -p " + filepath.Join(pkg, "testdata/fuzz/FuzzX") + " && touch " + filepath.Join(pkg, "testdata/fuzz/FuzzX/0123") + "\n"
+			}
+			script += fmt.Sprintf("exit %d\n", tt.code)
+			if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_, stderr, code := runScript(t, map[string]string{"GO": fake}, "", "bash", "scripts/fuzz.sh", pkg, "FuzzX", "10s")
+			if code != tt.want {
+				t.Errorf("exit %d, want %d; stderr: %s", code, tt.want, stderr)
+			}
+		})
+	}
+}
