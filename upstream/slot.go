@@ -51,13 +51,18 @@ func newUDPSlot(u *Upstream, s *udpSocket) *udpSlot {
 // one upstream timeout past its bound.
 func (sl *udpSlot) rotate(old *udpSocket, now time.Time) {
 	if sl.draining() {
-		old.keep(now)
+		// One timeout more, not a term: the retired socket's queries were
+		// all sent before now, so by then they have expired. A whole term
+		// kept a port that reached its count in a burst for up to a minute
+		// past its bound once the traffic fell
+		// (TestPortServesAtMostOneTimeoutPastItsBound).
+		old.keepFor(now, sl.u.cfg.Timeout)
 		return
 	}
 	s, err := dialUDP(sl.u, sl.u.raddr, now)
 	if err != nil {
 		sl.u.rotationErrors.Add(1)
-		old.keep(now)
+		old.keepFor(now, sl.u.cfg.SocketLifetime)
 		return
 	}
 	sl.mu.Lock()

@@ -168,12 +168,14 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 	return false, nil
 }
 
-// keep takes the socket back into service for another full term after its
-// successor could not be opened.
-func (s *udpSocket) keep(now time.Time) {
+// keepFor takes the socket back into service after it could not be
+// replaced, until another SocketQueries queries or d from now, whichever
+// comes first: a full term when its successor could not be opened, one
+// upstream timeout while the socket before it still drains (udpSlot.rotate).
+func (s *udpSocket) keepFor(now time.Time, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rotating, s.sent, s.expires = false, 0, now.Add(s.u.cfg.SocketLifetime)
+	s.rotating, s.sent, s.expires = false, 0, now.Add(d)
 }
 
 // carrying reports whether the socket has a query waiting for its reply.
