@@ -64,7 +64,7 @@ func TestPortServesAtMostOneTimeoutPastItsBound(t *testing.T) {
 	}
 	bound := time.Now()
 	if u.socks[0].cur.Load() != second {
-			t.Fatal("the second socket was replaced while the first still carried queries; the test expects it kept")
+		t.Fatal("the second socket was replaced while the first still carried queries; the test expects it kept")
 	}
 	wg.Wait() // the silent queries have timed out
 	for deadline := time.Now().Add(5 * time.Second); len(u.socks[0].sockets()) > 1; {
