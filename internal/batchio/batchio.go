@@ -80,7 +80,11 @@ type Writer struct {
 
 	held   atomic.Int32 // Holds not yet released: Send does not send
 	queued atomic.Int32 // len(queue), for a Release to see at once that there is nothing to send
-	calls  atomic.Int64 // system calls made, for the tests
+	// taken counts the packets sendQueued took out of the queue and is not
+	// done with: they count against MaxQueued, so that a batch the socket
+	// could not take, put back, never leaves more than the bound queued.
+	taken atomic.Int32
+	calls atomic.Int64 // system calls made, for the tests
 
 	// sending is held by whoever takes the queue out and sends it: run, or
 	// a Release that finds it free. It guards sys and the two below, the
@@ -129,7 +133,7 @@ func (w *Writer) Queue(to netip.AddrPort, p []byte) (first bool, err error) {
 		w.mu.Unlock()
 		return false, net.ErrClosed
 	}
-	if len(w.queue) >= MaxQueued {
+	if len(w.queue)+int(w.taken.Load()) >= MaxQueued {
 		w.mu.Unlock()
 		return false, ErrQueueFull
 	}
@@ -241,13 +245,7 @@ func (w *Writer) run() {
 // whether it took anything, and whether the Writer is closed with nothing
 // left. It requires that w.sending is held.
 func (w *Writer) sendQueued(wait bool) (took, closedEmpty bool) {
-	w.mu.Lock()
-	queue, arena := w.queue, w.arena
-	w.queue, w.arena = w.sentQueue[:0], w.sentArena[:0]
-	w.sentQueue, w.sentArena = queue, arena
-	w.queued.Store(0)
-	closed := w.closed
-	w.mu.Unlock()
+	queue, arena, closed := w.take()
 	if len(queue) == 0 {
 		return false, closed
 	}
@@ -258,13 +256,29 @@ func (w *Writer) sendQueued(wait bool) (took, closedEmpty bool) {
 			w.requeue(queue[sent:], arena)
 			return true, false
 		}
+		w.taken.Add(-int32(n))
 		sent += n
 	}
 	return true, false
 }
 
+// take swaps the queue for an empty one and returns what it held, which
+// counts against MaxQueued (taken) until it is sent, dropped or put back,
+// and whether the Writer is closed. It requires that w.sending is held.
+func (w *Writer) take() (queue []packet, arena []byte, closed bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	queue, arena = w.queue, w.arena
+	w.queue, w.arena = w.sentQueue[:0], w.sentArena[:0]
+	w.sentQueue, w.sentArena = queue, arena
+	w.queued.Store(0)
+	w.taken.Store(int32(len(queue)))
+	return queue, arena, w.closed
+}
+
 // requeue puts ps, taken from the queue with their payloads in arena,
-// back for run to send.
+// back for run to send, after what was queued since (UDP answers keep no
+// order). Counted as taken until now, they fit within MaxQueued.
 func (w *Writer) requeue(ps []packet, arena []byte) {
 	w.mu.Lock()
 	for _, p := range ps {
@@ -272,6 +286,7 @@ func (w *Writer) requeue(ps []packet, arena []byte) {
 		w.arena = append(w.arena, arena[p.start:p.end]...)
 		w.queue = append(w.queue, packet{to: p.to, start: start, end: len(w.arena)})
 	}
+	w.taken.Add(-int32(len(ps)))
 	w.queued.Store(int32(len(w.queue)))
 	w.mu.Unlock()
 }
