@@ -262,6 +262,8 @@ func TestCompareSweepVariables(t *testing.T) {
 // command plays each ending.
 func TestFuzzScriptTellsTheCoordinatorsDeadlineFromAFinding(t *testing.T) {
 	deadline := "fuzz: elapsed: 10s, execs: 1000 (100/sec)\n--- FAIL: FuzzX (10.40s)\n    context deadline exceeded\nFAIL\nexit status 1\nFAIL\tdnsproxi\t10.405s\n"
+	minimizing := "fuzz: minimizing 45-byte failing input file\nfuzz: elapsed: 10s, minimizing\n"
+	unwritten := "--- FAIL: FuzzX (10.40s)\n    context deadline exceeded\n    open testdata/fuzz/FuzzX/238fc6818d7b5878: permission denied\nFAIL\nexit status 1\n"
 	finding := "--- FAIL: FuzzX (0.10s)\n    fuzz_test.go:9: boom\n    Failing input written to testdata/fuzz/FuzzX/0123\nFAIL\n"
 	tests := []struct {
 		name   string
@@ -275,6 +277,13 @@ func TestFuzzScriptTellsTheCoordinatorsDeadlineFromAFinding(t *testing.T) {
 		{"the deadline's words, but an input written", deadline, true, 1, 1},
 		{"a finding", finding, true, 1, 1},
 		{"another failure", "--- FAIL: FuzzX (0.10s)\n    seed#0: boom\nFAIL\n", false, 1, 1},
+		// The deadline can strike while a failing input is being minimized:
+		// the coordinator then writes it and still reports the bare deadline
+		// (internal/fuzz's deferred writeToCorpus), so the directory's listing
+		// stays the same when the file was there before, under the same name,
+		// and a write that failed only adds its error below the deadline's line.
+		{"the deadline while minimizing, the input already there", minimizing + deadline, false, 1, 1},
+		{"the deadline while minimizing, the input not written", minimizing + unwritten, false, 1, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
