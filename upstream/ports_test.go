@@ -54,7 +54,10 @@ func portsInUse(u *Upstream) []int {
 }
 
 // Sockets rotate: after SocketQueries queries or SocketLifetime, a fresh
-// socket on a fresh random port takes the old one's place.
+// socket on a fresh random port takes the old one's place. The retired
+// socket, drained, closes at the sweeper's next tick; until then the slot
+// retires no other (TestSlotHoldsOneRetiredSocketAtMost), so the queries
+// here wait for it, each sweep a few milliseconds under this timeout.
 func TestSourcePortsRotate(t *testing.T) {
 	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg { return []*dns.Msg{answer(req)} })
 	for _, tt := range []struct {
@@ -74,11 +77,17 @@ func TestSourcePortsRotate(t *testing.T) {
 			clear(srv.ports)
 			srv.mu.Unlock()
 			cfg := tt.cfg
-			cfg.Addr = srv.addr()
+			cfg.Addr, cfg.Timeout = srv.addr(), 200*time.Millisecond
 			u := newUpstream(t, cfg)
-			for range tt.queries {
+			for i := range tt.queries {
 				if _, err := u.Exchange(context.Background(), q("a.example."), "udp"); err != nil {
 					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(5 * time.Second); len(portsInUse(u)) > cfg.UDPSockets; {
+					if time.Now().After(deadline) {
+						t.Fatalf("after query %d: a drained retired socket still open after 5s", i+1)
+					}
+					time.Sleep(time.Millisecond) // polling a condition, with a deadline
 				}
 			}
 			srv.mu.Lock()

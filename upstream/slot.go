@@ -48,9 +48,19 @@ func newUDPSlot(u *Upstream, s *udpSocket) *udpSlot {
 // rotation every 10,000 queries left a slot with as many retired sockets
 // as terms in a timeout (TestAttackRetiredSocketsPassTheUpstreamsReserve:
 // 32 descriptors for one upstream, 20 counted). A port then serves at most
-// one upstream timeout past its bound.
+// one upstream timeout past its bound. A retired socket that carries no
+// more queries still counts until the sweeper closes it at its next tick:
+// retired beside it, old made three sockets a slot
+// (TestSlotHoldsOneRetiredSocketAtMost). old serves on until that tick; it
+// is not closed here, on a query's goroutine, which may be that socket's
+// own reader sending a query again (serveReplies).
 func (sl *udpSlot) rotate(old *udpSocket, now time.Time) {
-	if sl.draining() {
+	held, draining := sl.retiring()
+	if held && !draining {
+		old.keepFor(now, sweepEvery(sl.u.cfg.Timeout))
+		return
+	}
+	if draining {
 		// One timeout more, not a term: the retired socket's queries were
 		// all sent before now, so by then they have expired. A whole term
 		// kept a port that reached its count in a burst for up to a minute
@@ -78,17 +88,18 @@ func (sl *udpSlot) rotate(old *udpSocket, now time.Time) {
 	sl.u.rotations.Add(1)
 }
 
-// draining reports whether a retired socket of the slot still carries a
-// query. One that carries none is closed at the next sweep.
-func (sl *udpSlot) draining() bool {
+// retiring reports whether the slot holds a retired socket, and whether
+// one still carries a query. One that carries none is closed at the next
+// sweep.
+func (sl *udpSlot) retiring() (held, draining bool) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	for _, s := range sl.retired {
 		if s.carrying() {
-			return true
+			return true, true
 		}
 	}
-	return false
+	return len(sl.retired) > 0, false
 }
 
 // takeExpired removes the queries whose deadline is before now from every

@@ -327,8 +327,7 @@ func (u *Upstream) forwardTCP(c *call) { u.tcp.send(c) }
 // period of quickest replies (probe.go) now and then.
 func (u *Upstream) sweep() {
 	defer u.sweeper.Done()
-	every := min(max(u.cfg.Timeout/20, time.Millisecond), 100*time.Millisecond)
-	t := time.NewTicker(every)
+	t := time.NewTicker(sweepEvery(u.cfg.Timeout))
 	defer t.Stop()
 	var expired []*call
 	lastRoll := time.Now()
@@ -352,6 +351,12 @@ func (u *Upstream) sweep() {
 			}
 		}
 	}
+}
+
+// sweepEvery is the sweeper's period for an upstream timeout: a few sweeps
+// a timeout, within 1 ms to 100 ms.
+func sweepEvery(timeout time.Duration) time.Duration {
+	return min(max(timeout/20, time.Millisecond), 100*time.Millisecond)
 }
 
 // Exchange sends req and waits for its answer: Forward for callers that
