@@ -40,8 +40,8 @@ func newUDPSlot(u *Upstream, s *udpSocket) *udpSlot {
 }
 
 // rotate puts a socket on a fresh random port in old's place. If none can be
-// opened, old serves another term; and so it does while the socket it
-// replaced last still carries queries: a slot holds at most one retired
+// opened, old serves another term; while the socket it replaced last still
+// carries queries, old serves on until those expire: a slot holds at most one retired
 // socket, so an upstream holds at most two sockets a slot, what the
 // descriptor reserve counts. Against an upstream that answers late or
 // loses replies a retired socket stays open up to the timeout, and one
@@ -55,24 +55,25 @@ func newUDPSlot(u *Upstream, s *udpSocket) *udpSlot {
 // is not closed here, on a query's goroutine, which may be that socket's
 // own reader sending a query again (serveReplies).
 func (sl *udpSlot) rotate(old *udpSocket, now time.Time) {
-	held, draining := sl.retiring()
-	if held && !draining {
-		old.keepFor(now, sweepEvery(sl.u.cfg.Timeout))
-		return
-	}
-	if draining {
-		// One timeout more, not a term: the retired socket's queries were
-		// all sent before now, so by then they have expired. A whole term
-		// kept a port that reached its count in a burst for up to a minute
-		// past its bound once the traffic fell
-		// (TestPortServesAtMostOneTimeoutPastItsBound).
-		old.keepFor(now, sl.u.cfg.Timeout)
+	if held, until := sl.retiring(); held {
+		// Until the retired socket's last query expires, not a term: all
+		// were sent before now. A whole term kept a port that reached its
+		// count in a burst for up to a minute past its bound once the
+		// traffic fell (TestPortServesAtMostOneTimeoutPastItsBound); one
+		// timeout from each time it reached its bound again kept it up to
+		// two (TestPortKeptTwiceServesAtMostOneTimeoutPastItsBound). One
+		// drained, or holding only expired queries, is gone at the
+		// sweeper's next tick.
+		if !until.After(now) {
+			until = now.Add(sweepEvery(sl.u.cfg.Timeout))
+		}
+		old.keepUntil(until)
 		return
 	}
 	s, err := dialUDP(sl.u, sl.u.raddr, now)
 	if err != nil {
 		sl.u.rotationErrors.Add(1)
-		old.keepFor(now, sl.u.cfg.SocketLifetime)
+		old.keepUntil(now.Add(sl.u.cfg.SocketLifetime))
 		return
 	}
 	sl.mu.Lock()
@@ -88,18 +89,18 @@ func (sl *udpSlot) rotate(old *udpSocket, now time.Time) {
 	sl.u.rotations.Add(1)
 }
 
-// retiring reports whether the slot holds a retired socket, and whether
-// one still carries a query. One that carries none is closed at the next
-// sweep.
-func (sl *udpSlot) retiring() (held, draining bool) {
+// retiring reports whether the slot holds a retired socket and, if one
+// still carries a query, the latest deadline of a query those took: when
+// they have drained. One that carries none is closed at the next sweep.
+func (sl *udpSlot) retiring() (held bool, until time.Time) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	for _, s := range sl.retired {
-		if s.carrying() {
-			return true, true
+		if carrying, last := s.carrying(); carrying && last.After(until) {
+			until = last
 		}
 	}
-	return len(sl.retired) > 0, false
+	return len(sl.retired) > 0, until
 }
 
 // takeExpired removes the queries whose deadline is before now from every

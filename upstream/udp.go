@@ -43,6 +43,7 @@ type udpSocket struct {
 	known    []byte    // the question last answered exactly in a random case: what a probe asks (probe.go)
 	sent     int       // queries it took
 	expires  time.Time // when it retires at the latest
+	last     time.Time // the latest deadline of a query it took: by then, drained
 	rotating bool      // the query that reached a bound is opening the successor
 	retired  bool      // takes no more queries
 	closed   bool
@@ -161,6 +162,9 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 		return false, err
 	}
 	s.sent++
+	if c.deadline.After(s.last) {
+		s.last = c.deadline
+	}
 	if !s.rotating && (s.sent >= s.u.cfg.SocketQueries || now.After(s.expires)) {
 		s.rotating = true
 		return true, nil
@@ -168,21 +172,23 @@ func (s *udpSocket) send(c *call, mix bool, now time.Time) (rotate bool, err err
 	return false, nil
 }
 
-// keepFor takes the socket back into service after it could not be
-// replaced, until another SocketQueries queries or d from now, whichever
-// comes first: a full term when its successor could not be opened, one
-// upstream timeout while the socket before it still drains (udpSlot.rotate).
-func (s *udpSocket) keepFor(now time.Time, d time.Duration) {
+// keepUntil takes the socket back into service after it could not be
+// replaced, until another SocketQueries queries or until t, whichever comes
+// first: a full term when its successor could not be opened, until the
+// socket before it has drained while that one still carries queries
+// (udpSlot.rotate).
+func (s *udpSocket) keepUntil(t time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rotating, s.sent, s.expires = false, 0, now.Add(d)
+	s.rotating, s.sent, s.expires = false, 0, t
 }
 
-// carrying reports whether the socket has a query waiting for its reply.
-func (s *udpSocket) carrying() bool {
+// carrying reports whether the socket has a query waiting for its reply,
+// and the latest deadline of a query it took.
+func (s *udpSocket) carrying() (bool, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.pending) > 0
+	return len(s.pending) > 0, s.last
 }
 
 // retire stops the socket taking queries; it goes on reading.
