@@ -20,41 +20,7 @@ import (
 // minute by default, not a timeout.
 func TestPortServesAtMostOneTimeoutPastItsBound(t *testing.T) {
 	const timeout = 200 * time.Millisecond
-	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
-		if strings.HasPrefix(strings.ToLower(req.Question[0].Name), "silent") {
-			return nil
-		}
-		return []*dns.Msg{answer(req)}
-	})
-	u := newUpstream(t, Config{Addr: srv.addr(), UDPSockets: 1, SocketQueries: 3, SocketLifetime: time.Hour,
-		Timeout: timeout, Disable0x20: true})
-	seen := func() int {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.ids)
-	}
-
-	// The first socket reaches its bound on three silent names and retires
-	// carrying them.
-	first := u.socks[0].cur.Load()
-	var wg sync.WaitGroup
-	for i := range 3 { // one at a time, so that all three leave from the first socket
-		wg.Go(func() { u.Exchange(context.Background(), q(fmt.Sprintf("silent%d.example.", i)), "udp") })
-		for deadline := time.Now().Add(5 * time.Second); seen() <= i; {
-			if time.Now().After(deadline) {
-				t.Fatalf("the upstream saw %d of the silent queries, want %d", seen(), i+1)
-			}
-			time.Sleep(time.Millisecond) // polling a condition, with a deadline
-		}
-	}
-	// The third opens the successor on its own goroutine, after it was
-	// sent: wait for it to take the first's place.
-	for deadline := time.Now().Add(5 * time.Second); u.socks[0].cur.Load() == first; {
-		if time.Now().After(deadline) {
-			t.Fatal("the first socket reached its bound and was not replaced")
-		}
-		time.Sleep(time.Millisecond) // polling a condition, with a deadline
-	}
+	srv, u, wg := retireOnSilentNames(t, timeout)
 	// Its successor reaches its bound while the first still waits: it serves on.
 	second := u.socks[0].cur.Load()
 	for range 3 {
@@ -99,36 +65,7 @@ func TestPortServesAtMostOneTimeoutPastItsBound(t *testing.T) {
 // sent before that bound, so it serves until the last of them expires.
 func TestPortKeptTwiceServesAtMostOneTimeoutPastItsBound(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
-		if strings.HasPrefix(strings.ToLower(req.Question[0].Name), "silent") {
-			return nil
-		}
-		return []*dns.Msg{answer(req)}
-	})
-	u := newUpstream(t, Config{Addr: srv.addr(), UDPSockets: 1, SocketQueries: 3, SocketLifetime: time.Hour,
-		Timeout: timeout, Disable0x20: true})
-	seen := func() int {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.ids)
-	}
-	first := u.socks[0].cur.Load()
-	var wg sync.WaitGroup
-	for i := range 3 { // one at a time, so that all three leave from the first socket
-		wg.Go(func() { u.Exchange(context.Background(), q(fmt.Sprintf("silent%d.example.", i)), "udp") })
-		for deadline := time.Now().Add(5 * time.Second); seen() <= i; {
-			if time.Now().After(deadline) {
-				t.Fatalf("the upstream saw %d of the silent queries, want %d", seen(), i+1)
-			}
-			time.Sleep(time.Millisecond) // polling a condition, with a deadline
-		}
-	}
-	for deadline := time.Now().Add(5 * time.Second); u.socks[0].cur.Load() == first; {
-		if time.Now().After(deadline) {
-			t.Fatal("the first socket reached its bound and was not replaced")
-		}
-		time.Sleep(time.Millisecond) // polling a condition, with a deadline
-	}
+	srv, u, wg := retireOnSilentNames(t, timeout)
 	second := u.socks[0].cur.Load()
 	exchange := func(n int) {
 		t.Helper()
@@ -165,4 +102,45 @@ func TestPortKeptTwiceServesAtMostOneTimeoutPastItsBound(t *testing.T) {
 		t.Fatalf("port %d carried %d queries %v after it first reached its bound (timeout %v): want 1 at most",
 			second.port(), n-before, time.Since(bound).Round(time.Millisecond), timeout)
 	}
+}
+
+// retireOnSilentNames starts an upstream that never answers names starting
+// with "silent" and a client of one socket bound to 3 queries, then sends
+// three such names, one at a time so that all leave from the first socket:
+// that socket reaches its bound and retires carrying them. It returns once
+// the successor has taken its place (the third query opens it on its own
+// goroutine, after it was sent), with wg counting the silent queries' calls.
+func retireOnSilentNames(t *testing.T, timeout time.Duration) (*testServer, *Upstream, *sync.WaitGroup) {
+	t.Helper()
+	srv := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
+		if strings.HasPrefix(strings.ToLower(req.Question[0].Name), "silent") {
+			return nil
+		}
+		return []*dns.Msg{answer(req)}
+	})
+	u := newUpstream(t, Config{Addr: srv.addr(), UDPSockets: 1, SocketQueries: 3, SocketLifetime: time.Hour,
+		Timeout: timeout, Disable0x20: true})
+	seen := func() int {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.ids)
+	}
+	first := u.socks[0].cur.Load()
+	wg := new(sync.WaitGroup)
+	for i := range 3 {
+		wg.Go(func() { u.Exchange(context.Background(), q(fmt.Sprintf("silent%d.example.", i)), "udp") })
+		for deadline := time.Now().Add(5 * time.Second); seen() <= i; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the upstream saw %d of the silent queries, want %d", seen(), i+1)
+			}
+			time.Sleep(time.Millisecond) // polling a condition, with a deadline
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); u.socks[0].cur.Load() == first; {
+		if time.Now().After(deadline) {
+			t.Fatal("the first socket reached its bound and was not replaced")
+		}
+		time.Sleep(time.Millisecond) // polling a condition, with a deadline
+	}
+	return srv, u, wg
 }
