@@ -128,16 +128,8 @@ func TestFocusUDPNeverHandsEveryQueryToASocketBoundBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { before.Close() })
-	s := &Server{UDPSockets: 2, Addr: before.LocalAddr().String(), Handler: echo}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
-	addr := s.LocalAddr().String()
+	s := &Server{UDPSockets: 2}
+	addr := startAt(t, s, before.LocalAddr().String())
 	focusErr := s.FocusUDP(true)
 	// Spread, two thirds of the clients reach the server: none of 32 has a
 	// chance of 3^-32.

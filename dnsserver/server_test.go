@@ -68,7 +68,14 @@ func (h *holder) release(auto ...bool) {
 
 func startServer(t *testing.T, s *Server) string {
 	t.Helper()
-	s.Addr = "127.0.0.1:0"
+	return startAt(t, s, "127.0.0.1:0")
+}
+
+// startAt starts s on addr (echo, unless it has a handler), failing the
+// test if it cannot, and shuts it down at the end of the test.
+func startAt(t *testing.T, s *Server, addr string) string {
+	t.Helper()
+	s.Addr = addr
 	if s.Handler == nil {
 		s.Handler = echo
 	}
