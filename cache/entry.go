@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"encoding/binary"
 	"sync/atomic"
 	"time"
 )
@@ -58,14 +59,38 @@ func (e *entry) keyTail() int { return max(int(e.keyLen)-inlineKey, 0) }
 // holds reports whether e is stored under key (Key.Bytes). A key that fits
 // inline is compared without leaving the entry's first cache line.
 func (e *entry) holds(key []byte) bool {
-	n := int(e.keyLen)
-	if len(key) != n {
+	if len(key) != int(e.keyLen) {
 		return false
 	}
+	if len(key) <= inlineKey && len(key) >= 8 {
+		return e.holdsInline(key)
+	}
+	return e.holdsSlow(key)
+}
+
+// holdsSlow is holds for a key longer than inlineKey or shorter than 8
+// bytes.
+func (e *entry) holdsSlow(key []byte) bool {
+	n := len(key)
 	if n <= inlineKey {
 		return string(e.key[:n]) == string(key)
 	}
 	return string(e.key[:]) == string(key[:inlineKey]) && string(e.data[:n-inlineKey]) == string(key[inlineKey:])
+}
+
+// holdsInline reports whether e.key holds key, of 8 to inlineKey bytes:
+// word by word, the last word the key's last 8 bytes (overlapping the one
+// before), in a few instructions and no call. Most keys are so (a name of
+// 3 to 35 bytes on the wire); the memory compare's call was a fifth of a
+// hot hit and a seventh of a lookup waiting on memory.
+func (e *entry) holdsInline(key []byte) bool {
+	n := len(key)
+	last := n - 8
+	diff := binary.LittleEndian.Uint64(e.key[last:]) ^ binary.LittleEndian.Uint64(key[last:])
+	for i := 0; i < last; i += 8 {
+		diff |= binary.LittleEndian.Uint64(e.key[i:]) ^ binary.LittleEndian.Uint64(key[i:])
+	}
+	return diff == 0
 }
 
 // sameKey reports whether e and o are stored under the same key.

@@ -59,3 +59,35 @@ func TestEntryHoldsItsKey(t *testing.T) {
 		})
 	}
 }
+
+// TestEntryTellsKeysApartAtEveryByte checks holds for every key length
+// from the shortest a query has (the root's, 6 bytes) to past inlineKey:
+// a key is held by its own entry, and not when it differs at any one byte
+// or is a byte shorter or longer. A lookup's key lies in a longer array
+// than its length, so the bytes past it (what an earlier, longer key left
+// there) must not count either.
+func TestEntryTellsKeysApartAtEveryByte(t *testing.T) {
+	for n := 6; n <= inlineKey+8; n++ {
+		stored := make([]byte, n)
+		for i := range stored {
+			stored[i] = byte(i*7 + n)
+		}
+		e := &entry{keyLen: uint16(n), data: bytes.Clone(stored[min(n, inlineKey):])}
+		copy(e.key[:], stored)
+		backing := bytes.Repeat([]byte{0xAA}, wire.MaxQuestionLen+1) // a longer key's leftovers
+		key := append(backing[:0], stored...)
+		if !e.holds(key) {
+			t.Fatalf("a key of %d bytes is not held by its own entry", n)
+		}
+		for at := range n {
+			key[at] ^= 1
+			if e.holds(key) {
+				t.Errorf("a key of %d bytes differing at byte %d is held", n, at)
+			}
+			key[at] ^= 1
+		}
+		if e.holds(key[:n-1]) || e.holds(backing[:n+1]) {
+			t.Errorf("a key of %d bytes: a byte shorter or longer is held", n)
+		}
+	}
+}
