@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -139,6 +140,65 @@ func TestProtoUpstreamSignatureNeverReachesAClient(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A client's TSIG or SIG(0) signs its hop to the proxy with a key the
+// proxy does not hold, and the proxy rewrites what it sends upstream (the
+// ID, the name's case, the OPT): the signature cannot be passed on, and a
+// forwarder must not change a signed message (RFC 8945 §5.5). Dropped, as
+// it once was, the query went upstream unsigned and the client got an
+// unsigned answer, from the upstream's view for unsigned queries, which a
+// client library that does not insist on a signature took silently. Now
+// it is NOTIMP at once, question echoed, and nothing is sent upstream.
+func TestProtoSignedQueryIsRefusedNotForwardedUnsigned(t *testing.T) {
+	signatures := []struct {
+		name string
+		rr   func(q *dns.Msg) dns.RR
+	}{
+		{"TSIG", func(q *dns.Msg) dns.RR {
+			return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
+				Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
+				MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: q.Id}
+		}},
+		{"SIG(0)", func(*dns.Msg) dns.RR {
+			return &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+				Algorithm: dns.ECDSAP256SHA256, Expiration: uint32(time.Now().Add(time.Hour).Unix()),
+				Inception: uint32(time.Now().Unix()), KeyTag: 1, SignerName: "example.com.",
+				Signature: strings.Repeat("QUFB", 16)}}
+		}},
+	}
+	for _, sig := range signatures {
+		for _, edns := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/edns=%v", sig.name, edns), func(t *testing.T) {
+				up := startUpstream(t)
+				a := startProxy(t, testConfig(up.Addr()), nil)
+				q := query("www.example.com", dns.TypeA)
+				if edns {
+					q.SetEdns0(1232, false)
+				}
+				q.Extra = append(q.Extra, sig.rr(q))
+				pkt, err := q.Pack()
+				if err != nil {
+					t.Fatal(err)
+				}
+				b := sendRaw(t, a.addr(), pkt, 2*time.Second)
+				r := new(dns.Msg)
+				if b == nil || r.Unpack(b) != nil {
+					t.Fatalf("no readable answer (%x)", b)
+				}
+				if r.Rcode != dns.RcodeNotImplemented || r.Id != q.Id || len(r.Question) != 1 || r.Question[0].Name != "www.example.com." {
+					t.Errorf("answered %s (ID %d, question %v), want NOTIMP for ID %d with its question; the upstream was asked %d times",
+						dns.RcodeToString[r.Rcode], r.Id, r.Question, q.Id, up.Total())
+				}
+				if up.Total() != 0 {
+					t.Errorf("the upstream was asked %d times for a signed query, without its signature", up.Total())
+				}
+				if got := r.IsEdns0() != nil; got != edns {
+					t.Errorf("OPT in the answer: %v, want %v (as the query)", got, edns)
+				}
+			})
+		}
 	}
 }
 

@@ -102,6 +102,15 @@ func (p *proxy) handleQuery(w dnsserver.ResponseWriter, q *dnsserver.Query) {
 	case q.EDNS.Version > 0: // RFC 6891 §6.1.3: the proxy speaks version 0
 		p.refuse(w, q, dns.RcodeBadVers, nil, qtype, metrics.FormErr, start)
 		return
+	case q.Signed:
+		// A TSIG or SIG(0) signs the client's hop with a key the proxy
+		// does not hold, and what goes upstream is rewritten (ID, case,
+		// OPT): forwarded, it would go unsigned and its answer come back
+		// unsigned, from the upstream's view for unsigned queries. A
+		// forwarder must not change a signed message (RFC 8945 §5.5), and
+		// this kind of query is one the proxy does not implement.
+		p.refuse(w, q, dns.RcodeNotImplemented, nil, qtype, metrics.NotImp, start)
+		return
 	case q.QType == dns.TypeAXFR || q.QType == dns.TypeIXFR: // relayed over UDP they would be cut
 		p.refuse(w, q, dns.RcodeRefused, nil, qtype, metrics.TransferRefused, start)
 		return

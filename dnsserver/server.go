@@ -65,6 +65,10 @@ type Query struct {
 	QType   uint16 // the question's type, when there is one
 	UDPSize int    // the largest UDP answer the client takes: 512, or its EDNS size if larger
 	EDNS    wire.EDNS
+	// Signed marks a query that ends with a transaction signature (TSIG or
+	// SIG(0)): it signs the client's hop with a key this server does not
+	// hold.
+	Signed bool
 	// Malformed marks a query whose header reads but whose rest does not: a
 	// question or record cut short, a second OPT record, bytes after the
 	// last record, a UDP datagram larger than the server reads. The handler
@@ -516,6 +520,7 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 	sec, ok := wire.ReadSections(pkt, end)
 	if ok {
 		q.setEDNS(sec.OPT) // bytes after it or not: its FORMERR carries an OPT too
+		q.Signed = sec.SigStart != 0
 	}
 	if !ok || sec.End != len(pkt) {
 		q.Malformed = true

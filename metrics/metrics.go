@@ -25,7 +25,7 @@ const (
 	UpstreamError                  // timeout, network error or no valid reply: SERVFAIL
 	Overloaded                     // too many queries in flight: REFUSED at once
 	FormErr                        // not a single question: FORMERR
-	NotImp                         // an opcode other than QUERY: NOTIMP
+	NotImp                         // an opcode other than QUERY, or a query signed with TSIG or SIG(0): NOTIMP
 	TransferRefused                // a zone transfer (AXFR, IXFR): REFUSED, never relayed cut off
 	Denied                         // a client outside the access list: REFUSED, or over UDP beyond its bucket dropped
 	ClientLimited                  // refused by the client's own bucket: as DNS_LIMIT_ACTION says
