@@ -106,3 +106,28 @@ func TestUpstreamErrorWithoutQuestionLeavesTheBreakerClosed(t *testing.T) {
 		t.Errorf("a query without EDNS got %s, want NOERROR", rcodeName(r))
 	}
 }
+
+// An error without a question is read like any answer: its OPT record's
+// extended rcode counts, so a BADCOOKIE (YXRRSET in the header's four bits)
+// is about the proxy's own OPT and never relayed (hopError), and an
+// extended rcode reaches no client that sent no OPT.
+func TestUpstreamErrorWithoutQuestionKeepsItsExtendedRcode(t *testing.T) {
+	up := startUpstream(t)
+	up.SetScript(func(req *dns.Msg, _ string) [][]byte {
+		m := new(dns.Msg)
+		m.Id, m.Response = req.Id, true
+		m.SetEdns0(1232, false)
+		m.Rcode = dns.RcodeBadCookie // packed as 7 in the header, 1 in the OPT
+		b, _ := m.Pack()
+		return [][]byte{b}
+	})
+	a := startProxy(t, testConfig(up.Addr()), guard.RealClock{})
+	m := query("cookie.example.com", dns.TypeA)
+	m.SetEdns0(1232, false)
+	if r := ask(t, "udp", a.addr(), m); r.Rcode != dns.RcodeServerFailure {
+		t.Errorf("a bare BADCOOKIE got %s to the client, want SERVFAIL", rcodeName(r))
+	}
+	if got := count(a, "A", "upstream_error", 1); got != 1 {
+		t.Errorf("upstream_error %d, want 1", got)
+	}
+}
