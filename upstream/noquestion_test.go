@@ -73,3 +73,22 @@ func TestErrorWithoutQuestionAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A probe's verdict is the case of a question: an error without one is no
+// reply to it, while to any other query it is the answer.
+func TestProbeTakesNoErrorWithoutQuestion(t *testing.T) {
+	query, _ := q("Probe.Example.").Pack()
+	qend, _ := wireQuestionEnd(query)
+	reply := append([]byte(nil), query[:12]...)
+	reply[2], reply[3], reply[5] = 0x80, dns.RcodeRefused, 0 // QR, REFUSED, no question
+	for _, probe := range []bool{false, true} {
+		c := &call{wire: query, qend: qend, probe: probe}
+		want := replyBare
+		if probe {
+			want = replyForeign
+		}
+		if got := c.match(reply); got != want {
+			t.Errorf("probe %v: verdict %d, want %d", probe, got, want)
+		}
+	}
+}
