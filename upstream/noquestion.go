@@ -13,8 +13,8 @@ import "dnsproxi/internal/wire"
 //
 // It answers the query whose ID it carries when its rcode is neither
 // NOERROR nor NXDOMAIN (an answer about a name must name it) and it
-// carries no answer or authority record (records about no question are
-// about nothing we asked), as Unbound takes one with 0x20 on and dnsdist
+// carries no record but an OPT (records about no question are about
+// nothing we asked), as Unbound takes one with 0x20 on and dnsdist
 // by default. An off-path forger must still hit the ID and the port; what
 // it skips is the case, and all it can forge is an error for one query,
 // which no cache stores. A probe never takes one: its verdict is the case
@@ -25,12 +25,17 @@ import "dnsproxi/internal/wire"
 // are built from it.
 
 // bareError reports whether reply, a response with no question, may
-// answer a query: its rcode is an error, and it holds no records but
-// additional ones (an OPT, with the extended rcode and Extended DNS Errors).
+// answer a query: its rcode is an error, it reads to its end, and it holds
+// no record but an OPT (with the extended rcode and Extended DNS Errors).
+// Another record would be about no question, and its compressed names
+// would point elsewhere once the question is put back.
 func bareError(reply []byte) bool {
-	_, an, ns, _ := wire.Counts(reply)
 	rcode := wire.Flags(reply) & 0xF
-	return an == 0 && ns == 0 && rcode != rcodeNoError && rcode != rcodeNXDomain
+	if rcode == rcodeNoError || rcode == rcodeNXDomain {
+		return false
+	}
+	sec, ok := wire.ReadSections(reply, wire.HeaderLen)
+	return ok && sec.End == len(reply) && sec.AN == 0 && sec.NS == 0 && sec.AR == 0
 }
 
 const (
@@ -40,9 +45,9 @@ const (
 
 // withQuestion returns a copy of reply, which has no question, with
 // question (a query's, as sent) put after its header. A name in its
-// additional records that points into the message would now point elsewhere;
-// an error without a question has none worth pointing at, and the proxy
-// reads such records only to leave its OPT behind.
+// additional records that points into the message would now point
+// elsewhere: bareError lets through no record but an OPT, whose name is
+// the root.
 func withQuestion(reply, question []byte) []byte {
 	b := make([]byte, 0, len(reply)+len(question))
 	b = append(b, reply[:wire.HeaderLen]...)

@@ -15,10 +15,11 @@ import (
 // question in its own case, the rest of the reply (its OPT) as it came.
 // NOERROR and NXDOMAIN claim an answer about a name and must name it, so
 // without a question they are ignored, as Unbound does with 0x20 on; so is
-// an error that carries records about no question. Before, every such
+// an error that carries records about no question, in any section but
+// its OPT. Before, every such
 // reply was ignored and the query waited out its deadline.
 func TestErrorWithoutQuestionAnswers(t *testing.T) {
-	bare := func(req *dns.Msg, rcode int, opt bool, record bool) *dns.Msg {
+	bare := func(req *dns.Msg, rcode int, opt bool, record, extra bool) *dns.Msg {
 		m := new(dns.Msg)
 		m.Id, m.Response, m.Rcode = req.Id, true, rcode
 		if opt {
@@ -28,27 +29,33 @@ func TestErrorWithoutQuestionAnswers(t *testing.T) {
 			rr, _ := dns.NewRR("x.example. 60 IN A 192.0.2.9")
 			m.Answer = []dns.RR{rr}
 		}
+		if extra {
+			rr, _ := dns.NewRR("x.example. 60 IN A 192.0.2.9")
+			m.Extra = append([]dns.RR{rr}, m.Extra...)
+		}
 		return m
 	}
 	for _, tt := range []struct {
 		name        string
 		rcode       int
 		opt, record bool
+		extra       bool // an additional record besides the OPT
 		answered    bool
 	}{
-		{"FORMERR", dns.RcodeFormatError, false, false, true},
-		{"SERVFAIL", dns.RcodeServerFailure, false, false, true},
-		{"NOTIMP", dns.RcodeNotImplemented, false, false, true},
-		{"REFUSED", dns.RcodeRefused, false, false, true},
-		{"FORMERR with OPT", dns.RcodeFormatError, true, false, true},
-		{"NOERROR", dns.RcodeSuccess, false, false, false},
-		{"NXDOMAIN", dns.RcodeNameError, false, false, false},
-		{"REFUSED with an answer record", dns.RcodeRefused, false, true, false},
+		{"FORMERR", dns.RcodeFormatError, false, false, false, true},
+		{"SERVFAIL", dns.RcodeServerFailure, false, false, false, true},
+		{"NOTIMP", dns.RcodeNotImplemented, false, false, false, true},
+		{"REFUSED", dns.RcodeRefused, false, false, false, true},
+		{"FORMERR with OPT", dns.RcodeFormatError, true, false, false, true},
+		{"NOERROR", dns.RcodeSuccess, false, false, false, false},
+		{"NXDOMAIN", dns.RcodeNameError, false, false, false, false},
+		{"REFUSED with an answer record", dns.RcodeRefused, false, true, false, false},
+		{"REFUSED with an additional record", dns.RcodeRefused, true, false, true, false},
 	} {
 		for _, network := range []string{"udp", "tcp"} {
 			t.Run(tt.name+"/"+network, func(t *testing.T) {
 				s := newTestServer(t, func(req *dns.Msg, _ bool) []*dns.Msg {
-					return []*dns.Msg{bare(req, tt.rcode, tt.opt, tt.record)}
+					return []*dns.Msg{bare(req, tt.rcode, tt.opt, tt.record, tt.extra)}
 				})
 				u := newUpstream(t, Config{Addr: s.addr(), Timeout: 300 * time.Millisecond})
 				m := q("Bare.Example.")
