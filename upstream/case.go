@@ -133,6 +133,7 @@ const (
 	replyCaseChanged                // its question, with the case of some letters changed: not its answer while 0x20 is on
 	replyFolded                     // its question in another case, in time, from an upstream known to echo case: fetched over TCP
 	replyLate                       // its answer, or its question in another case, after its deadline: not in time
+	replyBare                       // an error without a question, with its ID: its answer (noquestion.go)
 )
 
 // caseCheck is an upstream's 0x20 state: whether it is on, the probe
@@ -238,12 +239,16 @@ func equalFold(a, b []byte) bool {
 
 // match tells what reply is to c: the same ID, QR set, one question, and
 // that question byte for byte what was sent; or, for a query sent in the
-// caller's case, the same question with the name's case folded.
+// caller's case, the same question with the name's case folded; or, to a
+// query that is not a probe, an error without a question (noquestion.go).
 func (c *call) match(reply []byte) verdict {
-	if len(reply) < c.qend || wire.ID(reply) != wire.ID(c.wire) || wire.Flags(reply)&wire.FlagQR == 0 {
+	if len(reply) < wire.HeaderLen || wire.ID(reply) != wire.ID(c.wire) || wire.Flags(reply)&wire.FlagQR == 0 {
 		return replyForeign
 	}
-	if qd, _, _, _ := wire.Counts(reply); qd != 1 {
+	switch qd, _, _, _ := wire.Counts(reply); {
+	case qd == 0 && !c.probe && bareError(reply):
+		return replyBare
+	case qd != 1 || len(reply) < c.qend:
 		return replyForeign
 	}
 	got, sent := reply[wire.HeaderLen:c.qend], c.wire[wire.HeaderLen:c.qend]

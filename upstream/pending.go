@@ -31,15 +31,18 @@ func (p pending) add(c *call, rng *entropy) error {
 	}
 }
 
-// take removes and returns the query reply answers, if it is waiting here,
-// with replyAnswers; or with replyLate if its deadline was before now: late
+// take removes and returns the query reply answers (or an error without a
+// question, noquestion.go), if it is waiting here, with replyAnswers; or with replyLate if its deadline was before now: late
 // is not in time, and the caller ends it as the sweeper would have. Anything
 // else (a duplicate, spoofed, not an answer, the case changed) leaves the
 // table as it was: the real answer may still come.
 func (p pending) take(reply []byte, now time.Time) (*call, verdict) {
 	id := wire.ID(reply)
 	c := p[id]
-	if c == nil || c.match(reply) != replyAnswers {
+	if c == nil {
+		return nil, replyForeign
+	}
+	if v := c.match(reply); v != replyAnswers && v != replyBare {
 		return nil, replyForeign
 	}
 	delete(p, id)

@@ -199,7 +199,7 @@ func (s *udpSocket) retire() {
 }
 
 // take looks reply up, as read at now. It returns the query reply ends, if
-// any, with the verdict: replyAnswers; replyLate for a reply after the
+// any, with the verdict: replyAnswers or replyBare; replyLate for a reply after the
 // query's deadline (answer or case changed: the caller ends it as the
 // sweeper would); replyCaseChanged once 0x20 is off (the caller sends that
 // query again); replyFolded for a reply in another case to a query (not a
@@ -224,6 +224,9 @@ func (s *udpSocket) take(reply []byte, now time.Time) (c *call, v verdict, suspe
 	case now.After(c.deadline):
 		delete(s.pending, id)
 		return c, replyLate, false
+	case v == replyBare: // says nothing of case
+		delete(s.pending, id)
+		return c, v, false
 	case v == replyAnswers:
 		delete(s.pending, id)
 		if c.mixed { // an exact echo, in time: a question the upstream answers, and how quickly

@@ -6,9 +6,10 @@
 // query from a random source port, both from a cryptographic generator, and
 // the letters of a UDP query's name in a random case (DNS 0x20). A reply is
 // accepted only if its ID, QR bit and question (name, type, class) match
-// what was sent byte for byte, and anything else is ignored while the query
-// keeps waiting until its deadline, so a stray or spoofed datagram never
-// reaches the client. The caller gets its own ID and its own case back.
+// what was sent byte for byte (or it is an error that names no question,
+// under the query's ID: noquestion.go), and anything else is ignored while
+// the query keeps waiting until its deadline, so a stray or spoofed
+// datagram never reaches the client. The caller gets its own ID and its own case back.
 //
 // UDP queries share a few sockets, read and written in batches and
 // demultiplexed by ID; each socket serves a bounded number of queries and
@@ -450,6 +451,9 @@ func (c *call) finishAt(now time.Time, reply []byte, err error) {
 		err = errFetchLost // the upstream answered it, in another case (case.go)
 	}
 	if reply != nil {
+		if qd, _, _, _ := wire.Counts(reply); qd == 0 { // an error without a question (noquestion.go)
+			reply = withQuestion(reply, c.wire[wire.HeaderLen:c.qend])
+		}
 		if c.mixed {
 			restoreOwners(reply, c.qend, c.wire[wire.HeaderLen:wire.HeaderLen+len(c.name)], c.name)
 		}
