@@ -154,9 +154,9 @@ func TestSlipDoesNotAmplify(t *testing.T) {
 // The README: over UDP the REFUSED answers to denied clients "share a
 // bucket of 10 a second and beyond it are dropped, so a flood with forged
 // sources can make the proxy reflect at most 10 small answers a second".
-// The bucket also starts with a burst of 10 (deniedBurst), so within the
-// first second of a flood, after a quiet spell, it reflects 10 + 10. The
-// flood here is 200 denied queries, one every 5 ms, over 995 ms: 19 answered.
+// The bucket holds one token (deniedBurst), so within the first second of
+// a flood, after a quiet spell, it reflects 1 + 10 at most. The flood here
+// is 200 denied queries, one every 5 ms, over 995 ms: 10 answered.
 func TestDeniedAnswersAtMostTenPerSecond(t *testing.T) {
 	clock := guard.NewManualClock(time.Unix(1_000_000, 0))
 	fwd := &scripted{reply: zone(nil)}

@@ -84,9 +84,10 @@ func (s State) String() string {
 // Cache holds answers by query key within a byte bound. It is safe for
 // concurrent use. Build it with New.
 type Cache struct {
-	cfg    Config
-	shards []shard
-	mask   uint64
+	cfg     Config
+	shards  []shard
+	mask    uint64
+	flushes atomic.Uint32 // Flush calls so far: a Hit found before the latest is not servable
 }
 
 // shard is one lock's share of the cache. What a lookup reads of it, its
@@ -153,13 +154,14 @@ func (s *shard) reserved() int64 {
 // (State). It allocates nothing.
 func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 	t := mono(now)
+	flushes := c.flushes.Load() // before the index: an entry a Flush emptied it of is found under the count before it
 	s := c.shardOf(k.Hash)
 	e := s.find(k.Hash) // its fields a lookup reads are set before it is shared, or atomic
 	if e == nil || !e.holds(k.Bytes()) || e.dead(t, s.staleWindow) {
 		return Hit{}, Miss
 	}
 	e.touch()
-	h := Hit{e: e, age: uint32(max(t-e.stored(), 0) / int64(time.Second))}
+	h := Hit{e: e, age: uint32(max(t-e.stored(), 0) / int64(time.Second)), flushes: flushes}
 	if t < e.expires {
 		// Loaded before the swap: a swap that fails still takes the cache
 		// line from the other cores, and every hit in the last tenth would.
@@ -175,12 +177,15 @@ func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 }
 
 // Servable reports whether h's entry may still be answered at now: it is
-// not past Config.StaleWindow after its expiry. The window is the maximum
-// stale timer (RFC 8767 §5), so a caller that serves a stale Hit later
-// than its Lookup — when a refresh fails or is refused, or a
-// client-response timer fires — asks again then. The zero Hit is not.
+// not past Config.StaleWindow after its expiry, and the cache has not been
+// flushed since h's Lookup. The window is the maximum stale timer (RFC 8767
+// §5), so a caller that serves a stale Hit later than its Lookup — when a
+// refresh fails or is refused, or a client-response timer fires — asks
+// again then; and a flush empties the cache of the answers refreshes in
+// flight carry, not only of those it holds
+// (TestFlushEndsTheStaleAnswersRefreshesCarry). The zero Hit is not.
 func (c *Cache) Servable(h Hit, now time.Time) bool {
-	return h.e != nil && !h.e.dead(mono(now), int64(c.cfg.StaleWindow))
+	return h.e != nil && h.flushes == c.flushes.Load() && !h.e.dead(mono(now), int64(c.cfg.StaleWindow))
 }
 
 // Store reads reply, the upstream's answer to k's query, and stores it if
@@ -240,8 +245,9 @@ func (c *Cache) RefreshFailed(k *wire.Key, now time.Time) {
 	}
 }
 
-// Flush empties the cache.
+// Flush empties the cache. A Hit found before it is no longer Servable.
 func (c *Cache) Flush() {
+	defer c.flushes.Add(1) // once every shard is empty: a Lookup that reads the new count finds nothing flushed
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()

@@ -16,8 +16,8 @@ import (
 // as a stale answer once the upstream fails — data the upstream has since
 // withdrawn or changed (RFC 8767 serves stale what was last known, not
 // what was known before the last answer). An answer that says nothing
-// about the name — REFUSED, a TC answer, one that does not read — leaves
-// the entry as it is.
+// about the name — SERVFAIL, REFUSED, FORMERR, a TC answer, one that does
+// not read — leaves the entry as it is.
 func TestAnswerThatCannotBeKeptStillSupersedesTheEntry(t *testing.T) {
 	q := query("www.example.com.", dns.TypeA, wire.KeyRD)
 	old := pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.1"}, nil, nil))
@@ -33,6 +33,7 @@ func TestAnswerThatCannotBeKeptStillSupersedesTheEntry(t *testing.T) {
 		{"a CNAME chain short of the type, no SOA", pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN CNAME host.example.net."}, nil, nil)), ErrNoSOA, false},
 		{"REFUSED", pack(t, answer(t, q, dns.RcodeRefused, nil, nil, nil)), ErrRcode, false},
 		{"SERVFAIL", pack(t, answer(t, q, dns.RcodeServerFailure, nil, nil, nil)), ErrRcode, false},
+		{"FORMERR", pack(t, answer(t, q, dns.RcodeFormatError, nil, nil, nil)), ErrRcode, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,37 @@
+package cache
+
+import (
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// A flush empties the cache of stale answers too: an expired entry that a
+// refresh carries as its fallback, found before the flush, is not servable
+// after it, however far inside its stale window. (The operator flushes to
+// stop the answers held; before, a refresh in flight at the flush that then
+// failed, or whose stale-wait timer fired, served the flushed answer stale.)
+func TestFlushEndsTheStaleAnswersRefreshesCarry(t *testing.T) {
+	q := query("www.example.com.", dns.TypeA, 0)
+	c := newCache(t, Config{StaleWindow: time.Hour})
+	k := keyOf(t, q)
+	if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.1"}, nil, nil)), t0); err != nil {
+		t.Fatal(err)
+	}
+	h, st := c.Lookup(k, at(61*time.Second)) // the Hit a refresh carries
+	if st != Expired || !c.Servable(h, at(62*time.Second)) {
+		t.Fatalf("before the flush: %v, servable %v; want expired and servable", st, c.Servable(h, at(62*time.Second)))
+	}
+	c.Flush()
+	if c.Servable(h, at(62*time.Second)) {
+		t.Fatal("a Hit found before the flush is still servable after it: the flushed answer would be served stale")
+	}
+	if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.2"}, nil, nil)), at(63*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	h, st = c.Lookup(k, at(124*time.Second))
+	if st != Expired || !c.Servable(h, at(125*time.Second)) {
+		t.Fatalf("an entry stored after the flush: %v, servable %v; want expired and servable", st, c.Servable(h, at(125*time.Second)))
+	}
+}
