@@ -125,7 +125,7 @@ func TestEntryLayout(t *testing.T) {
 		{"expires", unsafe.Offsetof(e.expires), unsafe.Sizeof(e.expires)},
 		{"ttl", unsafe.Offsetof(e.ttl), unsafe.Sizeof(e.ttl)},
 		{"freq", unsafe.Offsetof(e.freq), unsafe.Sizeof(e.freq)},
-		{"prefetched", unsafe.Offsetof(e.prefetched), unsafe.Sizeof(e.prefetched)},
+		{"marks", unsafe.Offsetof(e.marks), unsafe.Sizeof(e.marks)},
 		{"keyLen", unsafe.Offsetof(e.keyLen), unsafe.Sizeof(e.keyLen)},
 		{"key", unsafe.Offsetof(e.key), unsafe.Sizeof(e.key)},
 	} {

@@ -20,18 +20,18 @@ const inlineKey = 40
 // the index (the entry, its data, and the entry's second line) instead of
 // one. TestEntryLayout keeps it so.
 //
-// Everything but freq, prefetched, recheck, where and the queue links is
+// Everything but freq, marks, recheck, where and the queue links is
 // set before the entry is shared and never changed.
 type entry struct {
 	// The first cache line: what a lookup reads.
-	expires    int64         // when its TTL runs out, as mono returns it
-	ttl        uint32        // seconds from its store to expires
-	freq       atomic.Uint32 // hits, up to maxFreq: written only when it changes
-	prefetched atomic.Bool
-	keyLen     uint16
-	where      uint8           // the queue it is on; guarded by the shard's lock
-	neg        bool            // NXDOMAIN or NODATA, as readReply decided
-	key        [inlineKey]byte // the key's first bytes (Key.Bytes); zeros after keyLen
+	expires int64         // when its TTL runs out, as mono returns it
+	ttl     uint32        // seconds from its store to expires
+	freq    atomic.Uint32 // hits, up to maxFreq: written only when it changes
+	marks   atomic.Uint32 // markPrefetched, markFlushed: set once each, never cleared
+	keyLen  uint16
+	where   uint8           // the queue it is on; guarded by the shard's lock
+	neg     bool            // NXDOMAIN or NODATA, as readReply decided
+	key     [inlineKey]byte // the key's first bytes (Key.Bytes); zeros after keyLen
 
 	// The second: what an answer is built from, and the shard's bookkeeping.
 	data              []byte // the key's bytes past inlineKey, the records, each TTL field's offset (2 bytes)
@@ -40,6 +40,12 @@ type entry struct {
 	prev, next        *entry       // guarded by the shard's lock
 	flags, an, ns, ar uint16
 }
+
+// An entry's marks.
+const (
+	markPrefetched = 1 << iota // a lookup in its last tenth of TTL was told to refresh it (Hit.Prefetch)
+	markFlushed                // Flush dropped it: never served again, stale or not
+)
 
 // newEntry returns the entry of key holding data (key's bytes past
 // inlineKey, then the records and their TTL offsets), stored at now.

@@ -20,7 +20,6 @@ const (
 type Hit struct {
 	e        *entry
 	age      uint32 // whole seconds since the entry was stored
-	flushes  uint32 // the cache's Flush count at the Lookup
 	stale    bool
 	prefetch bool
 }
