@@ -33,6 +33,10 @@ func (a *app) flushHandler() http.Handler {
 			http.Error(w, "the cache is flushed by a command (curl -X POST), not from a web page", http.StatusForbidden)
 			return
 		}
+		if a.proxy.cache == nil {
+			http.Error(w, "the cache is off (DNS_CACHE_SIZE is unset): nothing to flush", http.StatusNotFound)
+			return
+		}
 		store := a.proxy.cache.store
 		n := store.Stats().Entries
 		store.Flush()

@@ -137,3 +137,24 @@ func TestCacheFlushRefusesABrowsersRequest(t *testing.T) {
 		t.Fatalf("cache_entries %v after the browser's flushes, want 1", n)
 	}
 }
+
+// With the cache off there is nothing to flush, and the operator who
+// POSTs /cache/flush (a fleet's script, say, across instances configured
+// differently) is told so, naming the variable, rather than given the
+// mux's bare "404 page not found", which reads as a wrong address.
+func TestCacheFlushWithTheCacheOffSaysSo(t *testing.T) {
+	up := startUpstream(t)
+	cfg := testConfig(up.Addr())
+	cfg.MetricsAddr = "127.0.0.1:0"
+	a := startProxy(t, cfg, nil)
+	url := strings.TrimSuffix(a.metricsURL(), "/metrics") + flushPath
+	resp, err := http.Post(url, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "DNS_CACHE_SIZE") {
+		t.Fatalf("POST with the cache off: %s %q; want 404 saying the cache is off (DNS_CACHE_SIZE)", resp.Status, body)
+	}
+}

@@ -302,9 +302,7 @@ func (a *app) start() error {
 		mux.Handle("/metrics", a.metrics.Handler())
 		mux.HandleFunc("/healthz", a.handleHealthz)
 		mux.HandleFunc("/readyz", a.handleReadyz)
-		if a.proxy.cache != nil {
-			mux.Handle(flushPath, a.flushHandler()) // admin.go
-		}
+		mux.Handle(flushPath, a.flushHandler()) // admin.go
 		a.metricsLn = ln
 		a.metricsHTTP = serveMetrics(ln, mux) // metricsconns.go
 	}
