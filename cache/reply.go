@@ -19,7 +19,7 @@ package cache
 //     built from them holds at the same offsets). The OPT record and
 //     whatever follows it (a TSIG signs the upstream's hop) are dropped.
 //   - The entry's TTL is the smallest TTL among the answer and authority
-//     records, an SOA there counting as min(its TTL, its MINIMUM) (RFC 2308
+//     records, and for a negative answer the SOA's MINIMUM too (RFC 2308
 //     §5), clamped to [MinTTL, MaxTTL], or to [MinTTL, MaxNegativeTTL] for
 //     a negative answer (NXDOMAIN, or NOERROR with no answer). A TTL with its
 //     top bit set is read as 2^31−1 (RFC 8767 §4), which the clamp caps. A
@@ -116,8 +116,11 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 	if !wire.NamesReadable(msg, qend, r.an+r.ns+r.ar) {
 		return r, ErrMalformed // kept records only: the OPT, a signature and what follows them are dropped unread
 	}
-	least, soa, answered, ok := leastTTL(msg, r.start, r.an, r.ns, wire.QType(msg, qend))
+	least, minimum, soa, answered, ok := leastTTL(msg, r.start, r.an, r.ns, wire.QType(msg, qend))
 	r.negative = flags&0xF == rcodeNXDo || !answered
+	if r.negative {
+		least = min(least, minimum) // how long the negative answer lives (RFC 2308 §5)
+	}
 	switch {
 	case !ok:
 		return r, ErrMalformed
@@ -131,15 +134,18 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 }
 
 // leastTTL walks the answer and authority records from off and returns
-// their smallest TTL, an SOA in the authority section counting as min(TTL,
-// MINIMUM), whether there was such an SOA, and whether the answer section
+// their smallest TTL; the smallest MINIMUM of an SOA in the authority
+// section, which bounds a negative answer only (RFC 2308 §5: counted for
+// every answer, as it once was, it cut a name's records with an SOA beside
+// them to their zone's negative TTL); whether there was such an SOA; and
+// whether the answer section
 // answers qtype: holds a record of that type, or any record for a query of
 // type CNAME or ANY. One that does not is NODATA even with records in it:
 // a CNAME chain to a name without the type asked for (RFC 2308 §2.2). The
 // records were walked by wire.ReadSections already; ok is false only for
 // an SOA too short to hold its five numbers.
-func leastTTL(msg []byte, off, an, ns int, qtype uint16) (least uint32, soa, answered, ok bool) {
-	least = maxTTL
+func leastTTL(msg []byte, off, an, ns int, qtype uint16) (least, minimum uint32, soa, answered, ok bool) {
+	least, minimum = maxTTL, maxTTL
 	answered = an > 0 && (qtype == typeCNAME || qtype == typeANY)
 	for i := range an + ns {
 		off = skipName(msg, off)
@@ -150,14 +156,14 @@ func leastTTL(msg []byte, off, an, ns int, qtype uint16) (least uint32, soa, ans
 		off += 10 + rdlen
 		if typ == typeSOA && i >= an {
 			if rdlen < 22 { // two names of one byte at least, and five numbers
-				return 0, false, false, false
+				return 0, 0, false, false, false
 			}
 			soa = true
-			ttl = min(ttl, readTTL(msg[off-4:]))
+			minimum = min(minimum, readTTL(msg[off-4:]))
 		}
 		least = min(least, ttl)
 	}
-	return least, soa, answered, true
+	return least, minimum, soa, answered, true
 }
 
 // readTTL reads a TTL; one with the top bit set is maxTTL, which the clamps

@@ -32,6 +32,9 @@ func TestStoreDecides(t *testing.T) {
 			[]string{"example.net. 100 IN NS ns.example.net."}, ok, nil, nil, 100, false},
 		{"NODATA with SOA: min(TTL, MINIMUM)", dns.RcodeSuccess, nil, []string{soa}, ok, nil, nil, 120, true},
 		{"NXDOMAIN with SOA", dns.RcodeNameError, nil, []string{soa}, ok, nil, nil, 120, true},
+		// MINIMUM is how long a negative answer lives (RFC 2308 §4, §5);
+		// an SOA beside a positive answer counts its own TTL only.
+		{"records with an SOA in authority: MINIMUM is not theirs", dns.RcodeSuccess, a, []string{soa}, ok, nil, nil, 300, false},
 		{"SOA TTL below MINIMUM", dns.RcodeNameError, nil,
 			[]string{"example.com. 60 IN SOA ns.example.com. host.example.com. 1 7200 900 1209600 3600"}, ok, nil, nil, 60, true},
 		{"NXDOMAIN without SOA", dns.RcodeNameError, nil, nil, ok, nil, ErrNoSOA, 0, false},
