@@ -110,7 +110,8 @@ type loopState struct {
 	// one and see fleets of 1, 2, ... until every one has called, and a
 	// share of those counts, taken if Redis dies again then, would let the
 	// fleet spend many times the rate. A count seen within membershipLife
-	// is one that may still hold.
+	// of shared mode is one that may still hold (call renews it on the
+	// way back from local mode).
 	peak   int64
 	peakAt time.Time
 }
@@ -261,6 +262,13 @@ func (l *Limiter) call(now time.Time) error {
 	s.owed.debt, s.owed.returned = 0, 0 // settled
 	s.starved = want > 0 && reply.granted == 0 && idle
 	l.fleet.Store(int64(reply.instances))
+	if Mode(l.mode.Load()) == ModeLocal {
+		// Back from local mode: the time spent there said nothing of the
+		// fleet's size, and the others come back one by one. The count from
+		// before holds for another membership's life while they do, however
+		// long Redis was gone.
+		s.peakAt = now
+	}
 	s.seen(int64(reply.instances), now)
 	l.lease.low.Store((s.block + 1) / 2)
 	l.lease.add(reply.granted, now.Add(leaseLife))
