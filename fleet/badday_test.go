@@ -93,3 +93,60 @@ func TestLocalSharesAfterLongOutageTakeTheLargestFleet(t *testing.T) {
 			shares, shares/rate)
 	}
 }
+
+// Redis loses its keys between two calls (a restart quicker than a call, a
+// failover to a replica that never had them, an eviction, a FLUSHALL): no
+// call fails, so no instance leaves shared mode, and the next calls find no
+// bucket. The README's bound holds over any span T: rate × T + burst + the
+// leases in hand when it began, none from the fleet's first call. A new
+// bucket that starts full hands the fleet a second burst inside the span.
+func TestRedisEmptiedGivesNoSecondBurst(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	const rate, burst, n = 3000.0, 3000, 3
+	start := redisTime(t, c)
+	f := startFleet(t, r, n, Config{Rate: rate, Burst: burst, Timeout: time.Second}, 3*rate/n)
+	run := time.NewTimer(1500 * time.Millisecond) // the first burst spent: the bucket runs on its refill
+	<-run.C
+	if err := c.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	run.Reset(1500 * time.Millisecond)
+	<-run.C
+	f.stopLoad()
+	elapsed := redisTime(t, c).Sub(start).Seconds()
+	for i, l := range f.limiters {
+		if l.Switches() != 0 || l.Mode() != ModeShared {
+			t.Fatalf("instance %d left shared mode (%+v): the bound below is the shared bucket's", i, f.logs[i].all())
+		}
+	}
+	total := f.total()
+	bound := burst + rate*elapsed
+	t.Logf("%d instances admitted %d in %.3f s of Redis time: %.2f × (burst + rate × time = %.0f)", n, total, elapsed, float64(total)/bound, bound)
+	if float64(total) > bound {
+		t.Errorf("the fleet admitted %d, over burst + rate × time = %.0f: Redis emptied under it gave a second burst", total, bound)
+	}
+}
+
+// TestLeaseScriptLostBucket: an absent bucket is a full one to a caller
+// that does not know of it, and an empty one to a caller whose last call
+// found it less than bucketSure ago: Redis lost it.
+func TestLeaseScriptLostBucket(t *testing.T) {
+	r := startRedis(t)
+	c := r.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range []struct {
+		key    string
+		stands bool
+		want   int64
+	}{
+		{"fresh", false, 5},
+		{"lost", true, 0},
+	} {
+		got, err := callLease(ctx, c, fleetKeys(s.key), 1, 10, 5, "a", settlement{}, s.stands)
+		if err != nil || got.granted != s.want {
+			t.Errorf("%s bucket: %+v, %v; want %d granted", s.key, got, err, s.want)
+		}
+	}
+}

@@ -92,6 +92,7 @@ const (
 // loopState is the goroutine's bookkeeping.
 type loopState struct {
 	lastCall    time.Time // when the last call was sent
+	lastOK      time.Time // when the last call Redis answered in time was sent
 	demand      int64     // tokens wanted since lastCall
 	unmet       int64     // of which refused: the lease ran dry
 	block       int64     // the size of the next block to ask for
@@ -241,7 +242,8 @@ func (l *Limiter) call(now time.Time) error {
 
 	l.begun.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
-	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, s.owed)
+	stands := !s.lastOK.IsZero() && now.Sub(s.lastOK) < bucketSure
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, s.owed, stands)
 	cancel()
 	l.calls[classify(err)].Add(1)
 	if returned > 0 {
@@ -260,6 +262,7 @@ func (l *Limiter) call(now time.Time) error {
 		return err
 	}
 	s.owed.debt, s.owed.returned = 0, 0 // settled
+	s.lastOK = now
 	s.starved = want > 0 && reply.granted == 0 && idle
 	l.fleet.Store(int64(reply.instances))
 	if Mode(l.mode.Load()) == ModeLocal {
