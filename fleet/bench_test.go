@@ -135,7 +135,7 @@ func BenchmarkLeaseScript(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				st.add(1, 1)
-				if _, err := callLease(ctx, c, bb.keys, 1e9, 1e9, 1, "a", st); err != nil {
+				if _, err := callLease(ctx, c, bb.keys, 1e9, 1e9, 1, "a", st, false); err != nil {
 					b.Fatal(err)
 				}
 				st.debt, st.returned = 0, 0

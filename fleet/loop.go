@@ -92,6 +92,7 @@ const (
 // loopState is the goroutine's bookkeeping.
 type loopState struct {
 	lastCall    time.Time // when the last call was sent
+	lastOK      time.Time // when the last call Redis answered in time was sent
 	demand      int64     // tokens wanted since lastCall
 	unmet       int64     // of which refused: the lease ran dry
 	block       int64     // the size of the next block to ask for
@@ -110,7 +111,8 @@ type loopState struct {
 	// one and see fleets of 1, 2, ... until every one has called, and a
 	// share of those counts, taken if Redis dies again then, would let the
 	// fleet spend many times the rate. A count seen within membershipLife
-	// is one that may still hold.
+	// of shared mode is one that may still hold (call renews it on the
+	// way back from local mode).
 	peak   int64
 	peakAt time.Time
 }
@@ -240,7 +242,8 @@ func (l *Limiter) call(now time.Time) error {
 
 	l.begun.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), l.s.Timeout)
-	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, s.owed)
+	stands := !s.lastOK.IsZero() && now.Sub(s.lastOK) < bucketSure
+	reply, err := callLease(ctx, l.rdb, l.keys, l.s.Rate, l.s.Burst, want, l.member, s.owed, stands)
 	cancel()
 	l.calls[classify(err)].Add(1)
 	if returned > 0 {
@@ -259,8 +262,16 @@ func (l *Limiter) call(now time.Time) error {
 		return err
 	}
 	s.owed.debt, s.owed.returned = 0, 0 // settled
+	s.lastOK = now
 	s.starved = want > 0 && reply.granted == 0 && idle
 	l.fleet.Store(int64(reply.instances))
+	if Mode(l.mode.Load()) == ModeLocal {
+		// Back from local mode: the time spent there said nothing of the
+		// fleet's size, and the others come back one by one. The count from
+		// before holds for another membership's life while they do, however
+		// long Redis was gone.
+		s.peakAt = now
+	}
 	s.seen(int64(reply.instances), now)
 	l.lease.low.Store((s.block + 1) / 2)
 	l.lease.add(reply.granted, now.Add(leaseLife))

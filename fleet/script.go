@@ -16,8 +16,13 @@ package fleet
 //   - The same call first refreshes the caller's membership in a sorted set scored
 //     by expiry, drops the expired members and counts the rest, so the
 //     fleet's size costs no extra round trip.
-//   - Both keys expire on their own once nobody calls: an absent bucket is a
-//     full one, which is what it would have refilled to anyway.
+//   - Both keys expire on their own once nobody calls, the bucket
+//     bucketLinger after it is full again: an absent bucket is a full one,
+//     which is what it would have refilled to anyway — unless Redis lost it
+//     (a restart quicker than a call, a failover to a replica that never
+//     had it, an eviction, a flush), and a full one is then a second burst.
+//     A caller whose last answered call was sent less than bucketSure ago
+//     knows the bucket stood: it says so, and an absent bucket is made empty.
 //   - A call may carry a debt: the tokens its instance spent from its local
 //     share while it could not reach Redis. They come off the bucket (not
 //     below empty) before anything is granted: a Redis that paused, alive,
@@ -53,7 +58,8 @@ import (
 // KEYS: bucket hash, members sorted set, and (optional) the caller's ledger
 // hash. ARGV: rate, burst, want, member id, membership life in
 // milliseconds, debt and returned not yet settled, debt and returned in all,
-// ledger life in milliseconds. Returns {granted, members}.
+// ledger life in milliseconds, the bucket's linger in milliseconds, and "1"
+// when the caller knows the bucket stands. Returns {granted, members}.
 var leaseScript = redis.NewScript(`
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -89,6 +95,9 @@ local tokens = tonumber(held[1])
 local ts = tonumber(held[2])
 if tokens == nil or ts == nil then
   tokens, ts = burst, now
+  if ARGV[12] == '1' then
+    tokens = 0
+  end
 end
 if now > ts then
   tokens = tokens + (now - ts) * rate / 1000000
@@ -107,7 +116,7 @@ if want > 0 and tokens >= 1 then
   granted = math.min(want, math.max(1, math.floor(tokens / members)))
 end
 tokens = tokens - granted
-local full_ms = math.ceil((burst - tokens) / rate * 1000) + 1000
+local full_ms = math.ceil((burst - tokens) / rate * 1000) + (tonumber(ARGV[11]) or 1000)
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], full_ms)
 return {granted, members}
@@ -117,6 +126,16 @@ return {granted, members}
 // call. Calls come at least about once a second, so a live instance never
 // drops out, and a dead one stops counting within this.
 const membershipLife = 3 * time.Second
+
+// bucketLinger is how long the bucket outlives the moment it is full
+// again, and bucketSure how long after a call was sent its instance can be
+// sure the bucket stands: whatever the bucket held, it expires no sooner
+// than bucketLinger after that call ran. An idle instance calls about once
+// a second, within bucketSure of its last call.
+const (
+	bucketLinger = 3 * time.Second
+	bucketSure   = bucketLinger / 2
+)
 
 // ledgerLife is how long an instance's ledger outlives its last call that
 // ran on Redis: far longer than any answer is late while the instance
@@ -162,11 +181,17 @@ func (st *settlement) add(debt, returned int64) {
 }
 
 // callLease runs the script once, asking for want tokens (0 only refreshes
-// the membership) and settling st, bounded by ctx.
-func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, st settlement) (leaseReply, error) {
+// the membership) and settling st, bounded by ctx. stands says the caller
+// knows the bucket is there: an absent one was lost, and is made empty.
+func callLease(ctx context.Context, rdb redis.Scripter, keys []string, rate float64, burst int, want int64, member string, st settlement, stands bool) (leaseReply, error) {
+	known := "0"
+	if stands {
+		known = "1"
+	}
 	vals, err := leaseScript.Run(ctx, rdb, keys,
 		strconv.FormatFloat(rate, 'g', -1, 64), burst, want, member, membershipLife.Milliseconds(),
-		max(st.debt, 0), max(st.returned, 0), max(st.debtTotal, 0), max(st.returnedTotal, 0), ledgerLife.Milliseconds()).Int64Slice()
+		max(st.debt, 0), max(st.returned, 0), max(st.debtTotal, 0), max(st.returnedTotal, 0), ledgerLife.Milliseconds(),
+		bucketLinger.Milliseconds(), known).Int64Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}

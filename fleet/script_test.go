@@ -33,7 +33,7 @@ func TestLeaseScriptGrants(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", settlement{})
+			got, err := callLease(ctx, c, keys, rate, burst, s.want, "a", settlement{}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func TestLeaseScriptDividesTheBucket(t *testing.T) {
 	}
 	for i, s := range steps {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, settlement{})
+		got, err := callLease(ctx, c, keys, rate, burst, s.want, s.member, settlement{}, false)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestLeaseScriptConcurrentCallers(t *testing.T) {
 		wg.Go(func() {
 			for range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), settlement{})
+				got, err := callLease(ctx, c, keys, rate, burst, rand.Int64N(20)+1, strconv.Itoa(i), settlement{}, false)
 				cancel()
 				if err != nil {
 					errs <- err
@@ -136,7 +136,7 @@ func TestLeaseScriptMembership(t *testing.T) {
 	defer cancel()
 	lease := func(member string) int {
 		t.Helper()
-		got, err := callLease(ctx, c, keys, 100, 100, 0, member, settlement{})
+		got, err := callLease(ctx, c, keys, 100, 100, 0, member, settlement{}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestLeaseScriptKeys(t *testing.T) {
 	keys := callKeys("tagged", "a")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", settlement{debt: 1, debtTotal: 1}); err != nil {
+	if _, err := callLease(ctx, c, keys, 10, 10, 5, "a", settlement{debt: 1, debtTotal: 1}, false); err != nil {
 		t.Fatal(err)
 	}
 	all, err := c.Keys(ctx, "*").Result()
@@ -210,7 +210,7 @@ func TestLeaseScriptClockBack(t *testing.T) {
 	if err := c.HSet(ctx, keys[0], "tokens", "0", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", settlement{}); err != nil || got.granted != 0 {
+	if got, err := callLease(ctx, c, keys, 1000, 1000, 1, "a", settlement{}, false); err != nil || got.granted != 0 {
 		t.Fatalf("first call after the step back: %+v, %v; want nothing granted, nothing earned", got, err)
 	}
 	stamp, err := c.HGet(ctx, keys[0], "ts").Int64()
@@ -239,7 +239,7 @@ func TestLeaseScriptDebt(t *testing.T) {
 		{want: 5, debt: 1000, granted: 0}, // empty, and not below: a debt larger than the bucket is not carried
 	}
 	for i, s := range steps {
-		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt})
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt}, false)
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (want %d, debt %d): %+v, %v; want %d granted", i, s.want, s.debt, got, err, s.granted)
 		}
@@ -269,7 +269,7 @@ func TestLeaseScriptReturned(t *testing.T) {
 		{want: 10, debt: 5, returned: 5, granted: 5}, // the debt first (nothing to take), then the return
 	}
 	for i, s := range steps {
-		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt, returned: s.returned})
+		got, err := callLease(ctx, c, keys, 1, 100, s.want, "a", settlement{debt: s.debt, returned: s.returned}, false)
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (want %d, debt %d, returned %d): %+v, %v; want %d granted", i, s.want, s.debt, s.returned, got, err, s.granted)
 		}
@@ -311,7 +311,7 @@ func TestLeaseScriptLedger(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		got, err := callLease(ctx, c, keys, 1, 1000, s.want, "a", s.st)
+		got, err := callLease(ctx, c, keys, 1, 1000, s.want, "a", s.st, false)
 		if err != nil || got.granted != s.granted {
 			t.Fatalf("step %d (%s): %+v, %v; want %d granted", i, s.name, got, err, s.granted)
 		}
