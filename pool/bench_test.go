@@ -39,6 +39,27 @@ func BenchmarkChoose(b *testing.B) {
 	}
 }
 
+// The README's promise for choosing among 4 closed breakers, by each
+// policy: no allocation. The benchmark above reports it; this fails if it
+// stops being true.
+func TestChooseAllocatesNothing(t *testing.T) {
+	for _, policy := range []Policy{Sequential, RoundRobin, Fastest} {
+		t.Run(policy.String(), func(t *testing.T) {
+			p := benchPool(t, policy)
+			allocs := testing.AllocsPerRun(1000, func() {
+				_, permit, ok := p.choose(p.firstStart(), 0)
+				if !ok {
+					t.Fatal("refused")
+				}
+				permit.Success()
+			})
+			if allocs != 0 {
+				t.Fatalf("%v allocations per choice, want 0", allocs)
+			}
+		})
+	}
+}
+
 // BenchmarkAcquire is choosing plus taking an Exchange from the pool and
 // giving it back: the forward gate's whole cost.
 func BenchmarkAcquire(b *testing.B) {
@@ -53,7 +74,7 @@ func BenchmarkAcquire(b *testing.B) {
 	}
 }
 
-func benchPool(b *testing.B, policy Policy) *Pool {
+func benchPool(b testing.TB, policy Policy) *Pool {
 	b.Helper()
 	cfg := Config{Policy: policy}
 	for i := range 4 {

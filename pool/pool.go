@@ -179,6 +179,7 @@ type Pool struct {
 	lateHedges atomic.Uint64 // hedges the hedger reached only after their deadline
 	exchanges  sync.Pool
 	hedger     *hedger // nil: no hedging
+	closeOnce  sync.Once
 }
 
 // member is one upstream and what the pool learns of it.
@@ -238,8 +239,16 @@ func New(cfg Config) (*Pool, error) {
 
 // Close stops the hedging goroutine, then closes every upstream that is an
 // io.Closer, and the outbound limit if it is one; the attempts still out
-// end (upstream.ErrClosed) and report.
+// end (upstream.ErrClosed) and report. Close is idempotent: a second call,
+// as from a second shutdown, does nothing and returns nil.
 func (p *Pool) Close() error {
+	var err error
+	p.closeOnce.Do(func() { err = p.close() })
+	return err
+}
+
+// close is Close's one run.
+func (p *Pool) close() error {
 	if p.hedger != nil {
 		p.hedger.close()
 	}
