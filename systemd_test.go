@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -113,5 +114,37 @@ func TestSystemdDefaultsFile(t *testing.T) {
 				t.Errorf("%s: %v", defaultsFile, err)
 			}
 		})
+	}
+}
+
+// The unit's file limit holds the largest configuration dnsproxi accepts:
+// DNS_TCP_MAX_CONNS at the top of its range beside 16 upstreams, the
+// metrics listener and a UDP socket for each of 64 cores. LimitNOFILE sets
+// the hard limit too, beyond which Go cannot raise the soft one; at 65,536
+// it was below systemd's own default (524,288), so a DNS_TCP_MAX_CONNS
+// within the documented range stopped the service with exit 2.
+func TestSystemdUnitFileLimitHoldsTheLargestConfiguration(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^LimitNOFILE=(\d+)$`).FindStringSubmatch(string(readBytes(t, unitFile)))
+	if m == nil {
+		t.Fatalf("%s sets no LimitNOFILE=<number>: the limit would be whatever the host's default is", unitFile)
+	}
+	limit, err := strconv.ParseUint(m[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	field, _ := reflect.TypeFor[Config]().FieldByName("TCPMaxConns")
+	most, err := strconv.Atoi(field.Tag.Get("max"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := make([]string, 16)
+	for i := range ups {
+		ups[i] = "192.0.2." + strconv.Itoa(i+1) + ":53"
+	}
+	cfg := testConfig(strings.Join(ups, ","))
+	cfg.MetricsAddr = "127.0.0.1:9398"
+	cfg.TCPMaxConns = most
+	if err := cfg.checkDescriptors(limit, 64); err != nil {
+		t.Errorf("under the unit's LimitNOFILE=%d: %v", limit, err)
 	}
 }
