@@ -477,6 +477,47 @@ func TestTokenBucketAllowAt(t *testing.T) {
 	}
 }
 
+// A stale reading that finds the bucket full moves nothing back either:
+// refill's shortcut for a full bucket keeps last at the latest reading. Were
+// last moved back to the stale reading, the span from it to the latest would
+// be earned a second time, and a full bucket would admit more than its burst
+// with no time passing.
+func TestTokenBucketStaleReadingOnAFullBucket(t *testing.T) {
+	for _, stale := range []time.Duration{500 * time.Millisecond, -time.Hour} {
+		t.Run(fmt.Sprintf("stale reading at %v", stale), func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(10, 2, clock) // 1 token per 100 ms
+			clock.Set(t0.Add(time.Second))
+			if got := b.Tokens(); got != 2 {
+				t.Fatalf("balance after an idle second = %v, want 2 (full)", got)
+			}
+			if !b.AllowAt(t0.Add(stale), 1) {
+				t.Fatal("a full bucket refused one token at a stale reading")
+			}
+			if b.AllowAt(t0.Add(time.Second), 2) {
+				t.Fatalf("at the latest reading again, the bucket admitted 2 more: 3 tokens at one instant, burst 2 "+
+					"(the stale reading at %v moved last back)", stale)
+			}
+		})
+	}
+}
+
+// giveBackAt caps the balance at the burst: a token given back after the
+// bucket refilled over it is not kept on top. (WaitN gives back when its
+// timer fires late, after the debt was paid; AllowWithAt when the client's
+// bucket refuses after the shared token was taken.)
+func TestTokenBucketGiveBackIsCappedAtTheBurst(t *testing.T) {
+	clock := NewManualClock(t0)
+	b := NewTokenBucket(10, 2, clock)
+	if !b.AllowAt(t0, 2) {
+		t.Fatal("a new bucket did not hand out its burst")
+	}
+	b.giveBackAt(t0.Add(time.Second), 2) // a second later: refilled to 2, and 2 come back
+	if got := b.Tokens(); got != 2 {
+		t.Fatalf("balance = %v after the bucket refilled and the 2 tokens came back, want 2 (the burst)", got)
+	}
+}
+
 // The bound holds with waiters too: on the real clock, goroutines that
 // Allow and goroutines that WaitN for 1 to 3 tokens under contexts that end
 // within 0.5 to 10 ms (so that many waits are refused at once for their
