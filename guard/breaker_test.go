@@ -332,6 +332,34 @@ func TestBreakerOnStateChangeReentrant(t *testing.T) {
 	}
 }
 
+// A shorthand report in half-open with no probe out (the probe was
+// cancelled) comes from a call no one let through in this generation: it
+// decides nothing, and the next call is the probe.
+func TestBreakerShorthandReportWithNoProbeOut(t *testing.T) {
+	for _, report := range []struct {
+		name string
+		mark func(*Breaker)
+	}{{"MarkSuccess", (*Breaker).MarkSuccess}, {"MarkFailure", (*Breaker).MarkFailure}} {
+		t.Run(report.name, func(t *testing.T) {
+			b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+			trip(t, b)
+			clock.Advance(time.Second)
+			probe, err := b.Acquire()
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe.Cancel()
+			report.mark(b)
+			if s := b.State(); s != HalfOpen {
+				t.Fatalf("%s with no probe out moved the breaker to %v; want half-open", report.name, s)
+			}
+			if _, err := b.Acquire(); err != nil {
+				t.Fatalf("the next call after it: %v, want it let through as the probe", err)
+			}
+		})
+	}
+}
+
 // Transitions made while the callback runs wait in the queue and come out
 // in the order they happened: here the callback for the first trip moves
 // the breaker twice (to half-open, and back to open with a failed probe)

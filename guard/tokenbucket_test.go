@@ -444,7 +444,9 @@ func TestNewTokenBucketRejects(t *testing.T) {
 func TestTokenBucketAllowNegativeMintsNothing(t *testing.T) {
 	clock := NewManualClock(time.Unix(1000, 0))
 	b := NewTokenBucket(1, 5, clock)
-	b.Allow(-1000)
+	if !b.Allow(-1000) || !b.Allow(0) {
+		t.Fatal("Allow(n <= 0) refused; it takes nothing and is allowed")
+	}
 	admitted := 0
 	for range 2000 {
 		if b.Allow(1) {
@@ -474,6 +476,20 @@ func TestTokenBucketAllowAt(t *testing.T) {
 		if got := b.AllowAt(t0.Add(s.at), s.n); got != s.ok {
 			t.Fatalf("step %d (at %v, n=%d): AllowAt = %v, want %v", i, s.at, s.n, got, s.ok)
 		}
+	}
+}
+
+// WaitN with a context already ended takes nothing, even from a full
+// bucket: the caller has given up and will not make the call.
+func TestTokenBucketWaitNWithAnEndedContext(t *testing.T) {
+	b := NewTokenBucket(10, 2, NewManualClock(t0))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.WaitN(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitN with an ended context = %v, want context.Canceled", err)
+	}
+	if got := b.Tokens(); got != 2 {
+		t.Fatalf("balance after WaitN with an ended context = %v, want 2 (nothing taken)", got)
 	}
 }
 
