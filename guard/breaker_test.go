@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -328,6 +329,124 @@ func TestBreakerOnStateChangeReentrant(t *testing.T) {
 	call(t, b, true)
 	if want := []State{Open, HalfOpen}; !slices.Equal(got, want) {
 		t.Fatalf("transitions %v, want %v, in order", got, want)
+	}
+}
+
+// A shorthand report in half-open with no probe out (the probe was
+// cancelled) comes from a call no one let through in this generation: it
+// decides nothing, and the next call is the probe.
+func TestBreakerShorthandReportWithNoProbeOut(t *testing.T) {
+	for _, report := range []struct {
+		name string
+		mark func(*Breaker)
+	}{{"MarkSuccess", (*Breaker).MarkSuccess}, {"MarkFailure", (*Breaker).MarkFailure}} {
+		t.Run(report.name, func(t *testing.T) {
+			b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 4, CoolOff: time.Second})
+			trip(t, b)
+			clock.Advance(time.Second)
+			probe, err := b.Acquire()
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe.Cancel()
+			report.mark(b)
+			if s := b.State(); s != HalfOpen {
+				t.Fatalf("%s with no probe out moved the breaker to %v; want half-open", report.name, s)
+			}
+			if _, err := b.Acquire(); err != nil {
+				t.Fatalf("the next call after it: %v, want it let through as the probe", err)
+			}
+		})
+	}
+}
+
+// Transitions made while the callback runs wait in the queue and come out
+// in the order they happened: here the callback for the first trip moves
+// the breaker twice (to half-open, and back to open with a failed probe)
+// before it returns.
+func TestBreakerOnStateChangeQueuedInOrder(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 1, CoolOff: time.Second})
+	var got []string
+	b.OnStateChange(func(from, to State) {
+		got = append(got, from.String()+"→"+to.String())
+		if len(got) == 1 {
+			clock.Advance(time.Second)
+			p, err := b.Acquire() // open → half-open, queued
+			if err != nil {
+				t.Errorf("the probe was refused: %v", err)
+				return
+			}
+			p.Failure() // half-open → open, queued behind it
+		}
+	})
+	call(t, b, true)
+	if want := []string{"closed→open", "open→half-open", "half-open→open"}; !slices.Equal(got, want) {
+		t.Fatalf("transitions\n got %v\nwant %v", got, want)
+	}
+}
+
+// One goroutine runs the callback at a time: a transition made on another
+// goroutine while it runs is queued, its caller returns at once, and the
+// goroutine already running the callback delivers it next.
+func TestBreakerOnStateChangeOneAtATime(t *testing.T) {
+	b, clock := newTestBreaker(t, BreakerConfig{MinSamples: 1, CoolOff: time.Second})
+	entered := make(chan State, 4)
+	release := make(chan struct{})
+	var running atomic.Int32
+	b.OnStateChange(func(from, to State) {
+		if n := running.Add(1); n > 1 {
+			t.Errorf("%d callbacks running at once (%v→%v)", n, from, to)
+		}
+		entered <- to
+		if to == Open {
+			<-release // hold the first callback while the test makes another transition
+		}
+		running.Add(-1)
+	})
+	safety, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	receive := func(ch <-chan State, what string) State {
+		t.Helper()
+		select {
+		case s := <-ch:
+			return s
+		case <-safety.Done():
+			t.Fatalf("%s: nothing within 10 s", what)
+			return 0
+		}
+	}
+	tripped := make(chan struct{})
+	go func() {
+		defer close(tripped)
+		if b.Allow() == nil {
+			b.MarkFailure() // closed → open: this goroutine runs the callback, held
+		}
+	}()
+	if s := receive(entered, "the trip's callback"); s != Open {
+		t.Fatalf("first callback for %v, want open", s)
+	}
+	probed := make(chan State, 1)
+	go func() {
+		clock.Advance(time.Second)
+		_ = b.Allow() // open → half-open while the first callback is held
+		probed <- b.State()
+	}()
+	if s := receive(probed, "Allow while the callback runs"); s != HalfOpen {
+		t.Fatalf("state after the probe's Allow = %v, want half-open", s)
+	}
+	select {
+	case s := <-entered:
+		t.Fatalf("the callback for %v ran while the one before it was still running", s)
+	default: // the transition is queued: the held callback has not returned, so nothing can have run it
+	}
+	close(release)
+	if s := receive(entered, "the queued transition"); s != HalfOpen {
+		t.Fatalf("second callback for %v, want half-open", s)
+	}
+	select {
+	case <-tripped:
+	case <-safety.Done():
+		t.Fatal("the goroutine running the callback never returned")
 	}
 }
 

@@ -322,18 +322,22 @@ func TestClientLimiterExempt(t *testing.T) {
 		t.Run(tt.addr, func(t *testing.T) {
 			l, _ := newTestClientLimiter(t, cfg, 1)
 			addr := netip.MustParseAddr(tt.addr)
-			got := 0
+			got, gotAt := 0, 0
 			for range 100 {
 				if l.Allow(addr) {
 					got++
 				}
+				if l.AllowAt(t0, addr) {
+					gotAt++
+				}
 			}
-			want, wantLen := 1, 1
+			want, wantLen := 1, 1 // the one token of the burst, on a clock that stands still
 			if tt.exempt {
-				want, wantLen = 100, 0
+				want, wantLen = 200, 0
 			}
-			if got != want || l.Len() != wantLen {
-				t.Fatalf("100 asks from %s: %d admitted, Len %d; want %d, Len %d", addr, got, l.Len(), want, wantLen)
+			if got+gotAt != want || l.Len() != wantLen {
+				t.Fatalf("100 asks from %s with Allow and 100 with AllowAt: %d and %d admitted, Len %d; want %d in all, Len %d",
+					addr, got, gotAt, l.Len(), want, wantLen)
 			}
 		})
 	}
@@ -754,5 +758,25 @@ func TestClientShardLayout(t *testing.T) {
 	}
 	if size := unsafe.Sizeof(clientSlot{}); size != 16 {
 		t.Fatalf("clientSlot is %d bytes, want 16 (a group of 8 is two cache lines)", size)
+	}
+}
+
+// The interval between tokens is 1/rate rounded up to whole nanoseconds, so
+// the rate is never exceeded: at 3e8 a second, 1/rate is 3.33 ns, and a
+// prefix asking every nanosecond for 1 ms gets at most burst + rate × 1 ms.
+// (Rounded down, to 3 ns, it got a ninth more.)
+func TestClientLimiterIntervalRoundsUp(t *testing.T) {
+	const rate, burst, span = 3e8, 1, 1_000_000 // span in ns
+	l, _ := newTestClientLimiter(t, ClientLimiterConfig{Rate: rate, Burst: burst}, 1)
+	addr := netip.MustParseAddr("127.0.0.1")
+	admitted := 0
+	for ns := range span + 1 {
+		if l.AllowAt(t0.Add(time.Duration(ns)), addr) {
+			admitted++
+		}
+	}
+	if bound := burst + rate*span/1e9; float64(admitted) > bound {
+		t.Fatalf("asked every ns for %v at %g/s, burst %d: %d admitted, more than burst + rate × elapsed = %.0f",
+			time.Duration(span), rate, burst, admitted, bound)
 	}
 }

@@ -103,6 +103,19 @@ func TestRetryBudgetStaleReading(t *testing.T) {
 	}
 }
 
+// The floor is counted in the newest second too: a stale reading from the
+// second before finds this second's floor spent, not that second's empty
+// slot, so the floor never lets more than MinPerSecond through in a second.
+func TestRetryBudgetStaleReadingMeetsTheNewestFloor(t *testing.T) {
+	b := NewRetryBudget(RetryBudgetConfig{Ratio: 0.1, MinPerSecond: 1}, NewManualClock(t0))
+	if !b.WithdrawAt(t0.Add(5 * time.Second)) {
+		t.Fatal("the floor refused the first retry of a second")
+	}
+	if b.WithdrawAt(t0.Add(4500 * time.Millisecond)) {
+		t.Fatal("a reading 0.5 s stale let a second retry through a floor of 1 a second")
+	}
+}
+
 // The defaults: 10% over 10 s with a floor of 3 a second.
 func TestRetryBudgetDefaults(t *testing.T) {
 	b := NewRetryBudget(RetryBudgetConfig{Ratio: 0.1}, NewManualClock(t0))

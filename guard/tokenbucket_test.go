@@ -200,13 +200,11 @@ func TestTokenBucketWaitNDebt(t *testing.T) {
 	if got := b.Tokens(); got != -3 {
 		t.Fatalf("balance while waiting = %v, want -3 (debt)", got)
 	}
-	clock.Advance(299 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("WaitN returned %v after 299 ms, want it to wait 300 ms", err)
-	default:
+	clock.Advance(300*time.Millisecond - time.Nanosecond)
+	if !timersPending(clock, 1) {
+		t.Fatal("WaitN's timer fired before 300 ms, with 3 tokens of debt at 10/s")
 	}
-	clock.Advance(time.Millisecond)
+	clock.Advance(time.Nanosecond)
 	select {
 	case err := <-done:
 		if err != nil {
@@ -282,10 +280,8 @@ func TestTokenBucketWaitNTinyRate(t *testing.T) {
 		b.Allow(1)
 		done, cancel := waitNBlocks(t, clock, b, 1)
 		clock.Advance(100 * 365 * 24 * time.Hour) // a century pays 3e-3 of the token
-		select {
-		case err := <-done:
-			t.Fatalf("WaitN returned %v after a century, with a debt of 31 700 years", err)
-		default:
+		if !timersPending(clock, 1) {
+			t.Fatal("WaitN's timer fired after a century, with a debt of 31 700 years")
 		}
 		cancel()
 		if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
@@ -346,10 +342,8 @@ func TestTokenBucketExtremeValues(t *testing.T) {
 				}
 			} else {
 				clock.Advance(100 * 365 * 24 * time.Hour)
-				select {
-				case err := <-done:
-					t.Fatalf("WaitN returned %v after a century of clock time", err)
-				default:
+				if !timersPending(clock, 1) {
+					t.Fatal("WaitN's timer fired after a century of clock time")
 				}
 				cancel()
 				if err := receiveWithin(t, done, 10*time.Second); !errors.Is(err, context.Canceled) {
@@ -390,6 +384,18 @@ func waitNBlocks(t *testing.T, clock *ManualClock, b *TokenBucket, n int) (<-cha
 		}
 	}
 	return done, cancel
+}
+
+// timersPending reports whether at least n manual timers are pending now.
+// Looking at WaitN's result channel right after Advance proves nothing: a
+// timer that Advance fired returns WaitN on WaitN's own goroutine, later, so
+// the channel is empty either way. The count of waiters is exact at once:
+// asked with a context already ended, BlockUntilWaiters answers from the
+// count it sees.
+func timersPending(clock *ManualClock, n int) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return clock.BlockUntilWaiters(ctx, n) == nil
 }
 
 // receiveWithin returns what ch delivers, failing the test if nothing comes within d.
@@ -438,7 +444,9 @@ func TestNewTokenBucketRejects(t *testing.T) {
 func TestTokenBucketAllowNegativeMintsNothing(t *testing.T) {
 	clock := NewManualClock(time.Unix(1000, 0))
 	b := NewTokenBucket(1, 5, clock)
-	b.Allow(-1000)
+	if !b.Allow(-1000) || !b.Allow(0) {
+		t.Fatal("Allow(n <= 0) refused; it takes nothing and is allowed")
+	}
 	admitted := 0
 	for range 2000 {
 		if b.Allow(1) {
@@ -468,6 +476,61 @@ func TestTokenBucketAllowAt(t *testing.T) {
 		if got := b.AllowAt(t0.Add(s.at), s.n); got != s.ok {
 			t.Fatalf("step %d (at %v, n=%d): AllowAt = %v, want %v", i, s.at, s.n, got, s.ok)
 		}
+	}
+}
+
+// WaitN with a context already ended takes nothing, even from a full
+// bucket: the caller has given up and will not make the call.
+func TestTokenBucketWaitNWithAnEndedContext(t *testing.T) {
+	b := NewTokenBucket(10, 2, NewManualClock(t0))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.WaitN(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitN with an ended context = %v, want context.Canceled", err)
+	}
+	if got := b.Tokens(); got != 2 {
+		t.Fatalf("balance after WaitN with an ended context = %v, want 2 (nothing taken)", got)
+	}
+}
+
+// A stale reading that finds the bucket full moves nothing back either:
+// refill's shortcut for a full bucket keeps last at the latest reading. Were
+// last moved back to the stale reading, the span from it to the latest would
+// be earned a second time, and a full bucket would admit more than its burst
+// with no time passing.
+func TestTokenBucketStaleReadingOnAFullBucket(t *testing.T) {
+	for _, stale := range []time.Duration{500 * time.Millisecond, -time.Hour} {
+		t.Run(fmt.Sprintf("stale reading at %v", stale), func(t *testing.T) {
+			clock := NewManualClock(t0)
+			b := NewTokenBucket(10, 2, clock) // 1 token per 100 ms
+			clock.Set(t0.Add(time.Second))
+			if got := b.Tokens(); got != 2 {
+				t.Fatalf("balance after an idle second = %v, want 2 (full)", got)
+			}
+			if !b.AllowAt(t0.Add(stale), 1) {
+				t.Fatal("a full bucket refused one token at a stale reading")
+			}
+			if b.AllowAt(t0.Add(time.Second), 2) {
+				t.Fatalf("at the latest reading again, the bucket admitted 2 more: 3 tokens at one instant, burst 2 "+
+					"(the stale reading at %v moved last back)", stale)
+			}
+		})
+	}
+}
+
+// giveBackAt caps the balance at the burst: a token given back after the
+// bucket refilled over it is not kept on top. (WaitN gives back when its
+// timer fires late, after the debt was paid; AllowWithAt when the client's
+// bucket refuses after the shared token was taken.)
+func TestTokenBucketGiveBackIsCappedAtTheBurst(t *testing.T) {
+	clock := NewManualClock(t0)
+	b := NewTokenBucket(10, 2, clock)
+	if !b.AllowAt(t0, 2) {
+		t.Fatal("a new bucket did not hand out its burst")
+	}
+	b.giveBackAt(t0.Add(time.Second), 2) // a second later: refilled to 2, and 2 come back
+	if got := b.Tokens(); got != 2 {
+		t.Fatalf("balance = %v after the bucket refilled and the 2 tokens came back, want 2 (the burst)", got)
 	}
 }
 
