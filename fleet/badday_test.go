@@ -6,8 +6,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"dnsproxi/guard"
 )
 
 // A crash loop whose outages outlast a membership's life: Redis dies, stays
@@ -21,33 +19,8 @@ import (
 func TestLocalSharesAfterLongOutageTakeTheLargestFleet(t *testing.T) {
 	r := startRedis(t)
 	const rate, n = 3000.0, 3
-	clock := guard.NewManualClock(time.Unix(1_700_000_000, 0))
-	var limiters []*Limiter
 	localRate := make([]float64, n) // each instance's last local share
-	for i := range n {
-		l, err := newLimiter(Config{URL: r.url(), Rate: rate, Timeout: 2 * time.Second, Clock: clock,
-			OnSwitch: func(sw Switch) { localRate[i] = sw.Rate }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			close(l.done) // no goroutine to close it
-			l.Close()
-		})
-		limiters = append(limiters, l)
-	}
-	step := func() {
-		clock.Advance(checkInterval)
-		for _, l := range limiters {
-			l.step(clock.Now())
-		}
-	}
-	step()
-	for i, l := range limiters {
-		if l.Mode() != ModeShared || l.Instances() != n {
-			t.Fatalf("instance %d: mode %v, %d instances; want shared with %d", i, l.Mode(), l.Instances(), n)
-		}
-	}
+	limiters, _, step := steppedFleet(t, r, rate, n, func(i int, sw Switch) { localRate[i] = sw.Rate })
 
 	r.kill()
 	for range 5 { // dead for five seconds, checked once a second

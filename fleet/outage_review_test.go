@@ -24,31 +24,7 @@ import (
 func TestLocalSharesAfterRestartTakeTheLargestFleet(t *testing.T) {
 	r := startRedis(t)
 	const rate, n = 3000.0, 3
-	clock := guard.NewManualClock(time.Unix(1_700_000_000, 0))
-	var limiters []*Limiter
-	for range n {
-		l, err := newLimiter(Config{URL: r.url(), Rate: rate, Timeout: 2 * time.Second, Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			close(l.done) // no goroutine to close it
-			l.Close()
-		})
-		limiters = append(limiters, l)
-	}
-	step := func() {
-		clock.Advance(checkInterval)
-		for _, l := range limiters {
-			l.step(clock.Now())
-		}
-	}
-	step()
-	for i, l := range limiters {
-		if l.Mode() != ModeShared || l.Instances() != n {
-			t.Fatalf("instance %d: mode %v, %d instances; want shared with %d", i, l.Mode(), l.Instances(), n)
-		}
-	}
+	limiters, clock, step := steppedFleet(t, r, rate, n, nil)
 
 	r.kill()
 	step() // each sees Redis gone
@@ -278,4 +254,43 @@ func TestFrozenRedisAddsNoBurstPerFreeze(t *testing.T) {
 		t.Errorf("the fleet admitted %d in %.2f s, over rate × time + 2 bursts + rate × 1 s + 2 blocks an instance = %.0f (the README's bound: %.0f): each freeze of a live Redis let the bucket's refill through on top of the local shares",
 			total, elapsed, slack, stated)
 	}
+}
+
+// steppedFleet starts n limiters of rate on r, on one manual clock (which
+// it returns), with no goroutine: step advances the clock by a check's interval and runs each
+// limiter's check, in turn. It has stepped once, and every limiter is
+// shared with n instances. onSwitch, if not nil, hears instance i's mode
+// switches.
+func steppedFleet(t *testing.T, r *redisServer, rate float64, n int, onSwitch func(i int, sw Switch)) ([]*Limiter, *guard.ManualClock, func()) {
+	t.Helper()
+	clock := guard.NewManualClock(time.Unix(1_700_000_000, 0))
+	var limiters []*Limiter
+	for i := range n {
+		cfg := Config{URL: r.url(), Rate: rate, Timeout: 2 * time.Second, Clock: clock}
+		if onSwitch != nil {
+			cfg.OnSwitch = func(sw Switch) { onSwitch(i, sw) }
+		}
+		l, err := newLimiter(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			close(l.done) // no goroutine to close it
+			l.Close()
+		})
+		limiters = append(limiters, l)
+	}
+	step := func() {
+		clock.Advance(checkInterval)
+		for _, l := range limiters {
+			l.step(clock.Now())
+		}
+	}
+	step()
+	for i, l := range limiters {
+		if l.Mode() != ModeShared || l.Instances() != n {
+			t.Fatalf("instance %d: mode %v, %d instances; want shared with %d", i, l.Mode(), l.Instances(), n)
+		}
+	}
+	return limiters, clock, step
 }
