@@ -77,3 +77,35 @@ func TestFlushEndsTheStaleAnswerOfAnEvictedEntry(t *testing.T) {
 		t.Fatal("a Hit found before the flush, its entry evicted before it, is still servable after it: the flushed answer would be served stale")
 	}
 }
+
+// The prefetch mark and the flush count share a word: neither hides the
+// other. A Hit told to prefetch is still not servable after a flush, and
+// the entry stored after it is servable and told to prefetch once.
+func TestFlushAndPrefetchShareTheMarks(t *testing.T) {
+	q := query("www.example.com.", dns.TypeA, 0)
+	c := newCache(t, Config{StaleWindow: time.Hour, Prefetch: true})
+	k := keyOf(t, q)
+	store := func(at0 time.Duration) {
+		t.Helper()
+		if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 100 IN A 192.0.2.1"}, nil, nil)), at(at0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(0)
+	h, st := c.Lookup(k, at(95*time.Second)) // the last tenth: prefetch
+	if st != Fresh || !h.Prefetch() || !c.Servable(h, at(95*time.Second)) {
+		t.Fatalf("before the flush: %v, prefetch %v, servable %v; want fresh, true, true", st, h.Prefetch(), c.Servable(h, at(95*time.Second)))
+	}
+	for range 3 {
+		c.Flush()
+	}
+	if c.Servable(h, at(96*time.Second)) {
+		t.Fatal("a Hit told to prefetch is servable after three flushes")
+	}
+	store(96 * time.Second)
+	h, _ = c.Lookup(k, at(191*time.Second))
+	h2, _ := c.Lookup(k, at(192*time.Second))
+	if !h.Prefetch() || h2.Prefetch() || !c.Servable(h2, at(192*time.Second)) {
+		t.Fatalf("stored after the flushes: prefetch %v then %v, servable %v; want true, false, true", h.Prefetch(), h2.Prefetch(), c.Servable(h2, at(192*time.Second)))
+	}
+}
