@@ -105,7 +105,8 @@ type shard struct {
 	mu          sync.Mutex
 	small, main queue
 	ghost       ghost
-	budget      int64 // bytes the entries may count
+	budget      int64         // bytes the entries may count
+	flushes     atomic.Uint32 // Flush calls, written under mu, read by Servable without it (entry.flushedSince)
 	evictions   uint64
 	live, used  int // the index's slots holding an entry, and an entry or a tombstone
 }
@@ -182,7 +183,7 @@ func (c *Cache) Lookup(k *wire.Key, now time.Time) (Hit, State) {
 // flight carry, not only of those it holds
 // (TestFlushEndsTheStaleAnswersRefreshesCarry). The zero Hit is not.
 func (c *Cache) Servable(h Hit, now time.Time) bool {
-	return h.e != nil && h.e.marks.Load()&markFlushed == 0 && !h.e.dead(mono(now), int64(c.cfg.StaleWindow))
+	return h.e != nil && !h.e.flushedSince(c.shardOf(h.e.hash)) && !h.e.dead(mono(now), int64(c.cfg.StaleWindow))
 }
 
 // Store reads reply, the upstream's answer to k's query, and stores it if
@@ -242,20 +243,17 @@ func (c *Cache) RefreshFailed(k *wire.Key, now time.Time) {
 	}
 }
 
-// Flush empties the cache. A Hit found before it is no longer Servable:
-// each entry it drops is marked, so a refresh in flight cannot serve it
-// stale. (The mark is read only when a stale answer is about to be served,
-// so a lookup pays nothing for it; a count of flushes that every Lookup
-// read cost a hot hit 3 ns.)
+// Flush empties the cache. A Hit found before it is no longer Servable,
+// so a refresh in flight cannot serve it stale: each shard counts its
+// flushes, and an entry holds the count it was stored under — an entry
+// evicted before the flush is as flushed as one it drops. (The count is
+// read only when a stale answer is about to be served, so a lookup pays
+// nothing for it; a count that every Lookup read cost a hot hit 3 ns.)
 func (c *Cache) Flush() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		for _, q := range []*queue{&s.small, &s.main} {
-			for e := q.head; e != nil; e = e.next {
-				e.marks.Or(markFlushed)
-			}
-		}
+		s.flushes.Add(1)
 		s.resetIndex() // a lookup already on the old table may still find an entry there
 		s.small, s.main = queue{}, queue{}
 		clear(s.ghost)

@@ -27,7 +27,7 @@ type entry struct {
 	expires int64         // when its TTL runs out, as mono returns it
 	ttl     uint32        // seconds from its store to expires
 	freq    atomic.Uint32 // hits, up to maxFreq: written only when it changes
-	marks   atomic.Uint32 // markPrefetched, markFlushed: set once each, never cleared
+	marks   atomic.Uint32 // markPrefetched, set once, never cleared; above it, the flushes before its store (flushedSince)
 	keyLen  uint16
 	where   uint8           // the queue it is on; guarded by the shard's lock
 	neg     bool            // NXDOMAIN or NODATA, as readReply decided
@@ -41,11 +41,20 @@ type entry struct {
 	flags, an, ns, ar uint16
 }
 
-// An entry's marks.
+// An entry's marks: markPrefetched, and above it, from its store on, its
+// shard's count of flushes then (markGen and up).
 const (
-	markPrefetched = 1 << iota // a lookup in its last tenth of TTL was told to refresh it (Hit.Prefetch)
-	markFlushed                // Flush dropped it: never served again, stale or not
+	markPrefetched = 1 // a lookup in its last tenth of TTL was told to refresh it (Hit.Prefetch)
+	markGen        = 1 // the shift of the count of flushes
 )
+
+// flushedSince reports whether s was flushed since e was stored in it: if
+// so, e is never served again, stale or not, whether the flush found it or
+// it had been evicted or replaced before (a Hit carried by a refresh in
+// flight outlives both). The count wraps after 2^31 flushes.
+func (e *entry) flushedSince(s *shard) bool {
+	return e.marks.Load()>>markGen != s.flushes.Load()<<markGen>>markGen
+}
 
 // newEntry returns the entry of key holding data (key's bytes past
 // inlineKey, then the records and their TTL offsets), stored at now.

@@ -9,8 +9,8 @@ import (
 )
 
 // TestConcurrentUse runs every call at once on the real clock, for -race:
-// readers' hits must see whole entries while writers replace, evict, mark
-// failures and flush, and the bookkeeping must add up after.
+// readers' hits must see whole entries (and Servable its marks) while
+// writers replace, evict, mark failures and flush, and the bookkeeping must add up after.
 func TestConcurrentUse(t *testing.T) {
 	c := newCache(t, Config{Size: MinSize, StaleWindow: time.Hour, Prefetch: true})
 	msgs, keys := replies(t, 400, 9)
@@ -37,6 +37,7 @@ func TestConcurrentUse(t *testing.T) {
 					if st == Miss {
 						continue
 					}
+					c.Servable(h, now) // the flush count and the prefetch mark, read while a flush writes them
 					// The answer built from it walks, with the counts it gives.
 					qend, _ := wire.QuestionEnd(msgs[j])
 					an, ns, ar := h.Counts()

@@ -90,6 +90,7 @@ func (s *shard) queueOf(e *entry) *queue {
 // in between. It requires that s.mu is held.
 func (s *shard) insert(e *entry, now int64) {
 	e.where = inSmall
+	e.marks.Store(s.flushes.Load() << markGen) // not yet shared: no prefetch mark to lose
 	if old := s.index(e); old != nil {
 		if old.sameKey(e) {
 			e.where = old.where
