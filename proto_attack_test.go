@@ -202,6 +202,49 @@ func TestProtoSignedQueryIsRefusedNotForwardedUnsigned(t *testing.T) {
 	}
 }
 
+// A transaction signature must be the last record of a message (RFC 8945
+// §5.1: FORMERR otherwise), so a query with one before its OPT, or with
+// two, is malformed, not a signed query the proxy does not implement; and
+// it is never forwarded with its signature dropped, as one before the OPT
+// was while only a last record counted as a signature.
+func TestProtoMisplacedSignatureIsFormErr(t *testing.T) {
+	tsig := func(q *dns.Msg) dns.RR {
+		return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
+			Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
+			MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: q.Id}
+	}
+	opt := func() dns.RR {
+		o := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT}}
+		o.SetUDPSize(1232)
+		return o
+	}
+	for _, tt := range []struct {
+		name  string
+		extra func(q *dns.Msg) []dns.RR
+	}{
+		{"TSIG before the OPT", func(q *dns.Msg) []dns.RR { return []dns.RR{tsig(q), opt()} }},
+		{"two TSIGs", func(q *dns.Msg) []dns.RR { return []dns.RR{tsig(q), tsig(q)} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := startUpstream(t)
+			a := startProxy(t, testConfig(up.Addr()), nil)
+			q := query("www.example.com", dns.TypeA)
+			q.Extra = tt.extra(q)
+			pkt, err := q.Pack()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := sendRaw(t, a.addr(), pkt, 2*time.Second)
+			if len(b) < 12 {
+				t.Fatalf("no answer (%x)", b)
+			}
+			if rcode := int(b[3] & 0xF); rcode != dns.RcodeFormatError || up.Total() != 0 {
+				t.Errorf("answered %s, the upstream asked %d times; want FORMERR and nothing sent", dns.RcodeToString[rcode], up.Total())
+			}
+		})
+	}
+}
+
 // RFC 7766 §6.2.1 lets a client send its queries and close its side
 // (half-close); the server still owes it the answers. The proxy's reader
 // sees EOF, waits for what is due, then closes gracefully (endConn,

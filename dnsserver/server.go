@@ -70,8 +70,9 @@ type Query struct {
 	// hold.
 	Signed bool
 	// Malformed marks a query whose header reads but whose rest does not: a
-	// question or record cut short, a second OPT record, bytes after the
-	// last record, a UDP datagram larger than the server reads. The handler
+	// question or record cut short, a second OPT record, a transaction
+	// signature that is not the last record, bytes after the last record,
+	// a UDP datagram larger than the server reads. The handler
 	// answers it (FORMERR) or not, as its gates decide; only Wire's header,
 	// Net, Client, Opcode and QDCount are sure, and QEnd if it is past 12.
 	Malformed bool
@@ -522,7 +523,7 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 		q.setEDNS(sec.OPT) // bytes after it or not: its FORMERR carries an OPT too
 		q.Signed = sec.SigStart != 0
 	}
-	if !ok || sec.End != len(pkt) {
+	if !ok || sec.End != len(pkt) || sec.Sigs > 1 || sec.Sigs == 1 && !q.Signed { // a signature not last (RFC 8945 §5.1)
 		q.Malformed = true
 	}
 	return true

@@ -41,6 +41,9 @@ type Sections struct {
 	// SigStart is where the message's transaction signature begins, 0 if
 	// it has none: a TSIG or SIG(0) record last in the additional section.
 	SigStart int
+	// Sigs counts the TSIG and SIG(0) records in every section: more than
+	// one, or one that is not last, is a malformed message (RFC 8945 §5.1).
+	Sigs int
 }
 
 // Relayed returns where the records a relay passes on end (from the
@@ -85,6 +88,9 @@ func ReadSections(msg []byte, off int) (Sections, bool) {
 		off = data + rdlen
 		if off > len(msg) {
 			return s, false
+		}
+		if typ == TypeTSIG || typ == TypeSIG && rdlen >= 2 && binary.BigEndian.Uint16(msg[data:]) == 0 {
+			s.Sigs++
 		}
 		switch {
 		case typ == TypeOPT:
