@@ -84,6 +84,26 @@ func TestProtoTCPAnswerNearSixtyFourKiBIsNeverSilent(t *testing.T) {
 	}
 }
 
+// signatures are the two transaction signatures a message may end with,
+// each for the message given (a TSIG carries its original ID), with a MAC
+// or signature no key made: TSIG first.
+var signatures = []struct {
+	name string
+	rr   func(m *dns.Msg) dns.RR
+}{
+	{"TSIG", func(m *dns.Msg) dns.RR {
+		return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
+			Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
+			MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: m.Id}
+	}},
+	{"SIG(0)", func(*dns.Msg) dns.RR {
+		return &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+			Algorithm: dns.ECDSAP256SHA256, Expiration: uint32(time.Now().Add(time.Hour).Unix()),
+			Inception: uint32(time.Now().Unix()), KeyTag: 1, SignerName: "example.com.",
+			Signature: strings.Repeat("QUFB", 16)}}
+	}},
+}
+
 // The comment on readUpstreamAnswer promises that a TSIG or SIG(0) record,
 // which signs the upstream's hop and which the client cannot verify, is
 // left behind. It is, only when the upstream's reply carries an OPT record
@@ -95,22 +115,6 @@ func TestProtoTCPAnswerNearSixtyFourKiBIsNeverSilent(t *testing.T) {
 // client fails such an exchange with "no secrets defined"). With EDNS the
 // same reply reaches the client without it: only the OPT's position decides.
 func TestProtoUpstreamSignatureNeverReachesAClient(t *testing.T) {
-	signatures := []struct {
-		name string
-		rr   func(req *dns.Msg) dns.RR
-	}{
-		{"TSIG", func(req *dns.Msg) dns.RR {
-			return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
-				Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
-				MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: req.Id}
-		}},
-		{"SIG(0)", func(req *dns.Msg) dns.RR {
-			return &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
-				Algorithm: dns.ECDSAP256SHA256, Expiration: uint32(time.Now().Add(time.Hour).Unix()),
-				Inception: uint32(time.Now().Unix()), KeyTag: 1, SignerName: "example.com.",
-				Signature: strings.Repeat("QUFB", 16)}}
-		}},
-	}
 	for _, sig := range signatures {
 		t.Run(sig.name, func(t *testing.T) {
 			a, up, _ := startCaching(t, nil)
@@ -152,22 +156,6 @@ func TestProtoUpstreamSignatureNeverReachesAClient(t *testing.T) {
 // client library that does not insist on a signature took silently. Now
 // it is NOTIMP at once, question echoed, and nothing is sent upstream.
 func TestProtoSignedQueryIsRefusedNotForwardedUnsigned(t *testing.T) {
-	signatures := []struct {
-		name string
-		rr   func(q *dns.Msg) dns.RR
-	}{
-		{"TSIG", func(q *dns.Msg) dns.RR {
-			return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
-				Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
-				MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: q.Id}
-		}},
-		{"SIG(0)", func(*dns.Msg) dns.RR {
-			return &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
-				Algorithm: dns.ECDSAP256SHA256, Expiration: uint32(time.Now().Add(time.Hour).Unix()),
-				Inception: uint32(time.Now().Unix()), KeyTag: 1, SignerName: "example.com.",
-				Signature: strings.Repeat("QUFB", 16)}}
-		}},
-	}
 	for _, sig := range signatures {
 		for _, edns := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/edns=%v", sig.name, edns), func(t *testing.T) {
@@ -208,11 +196,7 @@ func TestProtoSignedQueryIsRefusedNotForwardedUnsigned(t *testing.T) {
 // it is never forwarded with its signature dropped, as one before the OPT
 // was while only a last record counted as a signature.
 func TestProtoMisplacedSignatureIsFormErr(t *testing.T) {
-	tsig := func(q *dns.Msg) dns.RR {
-		return &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
-			Algorithm: dns.HmacSHA256, TimeSigned: uint64(time.Now().Unix()), Fudge: 300,
-			MACSize: 32, MAC: strings.Repeat("ab", 32), OrigId: q.Id}
-	}
+	tsig := signatures[0].rr
 	opt := func() dns.RR {
 		o := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT}}
 		o.SetUDPSize(1232)
