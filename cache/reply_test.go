@@ -72,6 +72,15 @@ func TestStoreDecides(t *testing.T) {
 		{"another question", dns.RcodeSuccess, a, nil, func(m *dns.Msg) *dns.Msg { m.Question[0].Name = "ww.example.com."; return m }, nil, ErrQuestion, 0, false},
 		{"another type", dns.RcodeSuccess, a, nil, func(m *dns.Msg) *dns.Msg { m.Question[0].Qtype = dns.TypeAAAA; return m }, nil, ErrQuestion, 0, false},
 		{"record cut short", dns.RcodeSuccess, a, nil, ok, func(b []byte) []byte { return b[:len(b)-1] }, ErrMalformed, 0, false},
+		// A transaction signature signs the upstream's hop and must come
+		// last (RFC 8945 §5.1): one before the OPT was kept as an ordinary
+		// additional record and served to every client from the cache.
+		{"TSIG before the OPT", dns.RcodeSuccess, a, nil, func(m *dns.Msg) *dns.Msg {
+			m.Extra = append(m.Extra, &dns.TSIG{Hdr: dns.RR_Header{Name: "key.", Rrtype: dns.TypeTSIG, Class: dns.ClassANY},
+				Algorithm: dns.HmacSHA256, Fudge: 300, MACSize: 2, MAC: "abcd", OrigId: m.Id})
+			m.SetEdns0(1232, false)
+			return m
+		}, nil, ErrMalformed, 0, false},
 		{"SOA too short for its numbers", dns.RcodeNameError, nil, nil, ok, func(b []byte) []byte {
 			wire.SetCounts(b, 1, 0, 1, 0)
 			// owner: the question's name; SOA IN, TTL 600, two bytes of data
