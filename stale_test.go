@@ -398,6 +398,19 @@ func askWhileStaleWaits(t *testing.T, a *app, clock *guard.ManualClock) <-chan *
 	return got
 }
 
+// answerWithin5s returns the answer got delivers, failing the test (what
+// names the client) if none comes within 5 s.
+func answerWithin5s(t *testing.T, what string, got <-chan *dns.Msg) *dns.Msg {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: no answer within 5 s", what)
+		return nil
+	}
+}
+
 // staleAfterTimer waits for the answer askWhileStaleWaits asked for, once
 // the test has advanced the clock past the client-response timer, and
 // wants it stale.

@@ -14,24 +14,20 @@ import (
 // stop the answers held; before, a refresh in flight at the flush that then
 // failed, or whose stale-wait timer fired, served the flushed answer stale.)
 func TestFlushEndsTheStaleAnswersRefreshesCarry(t *testing.T) {
-	q := query("www.example.com.", dns.TypeA, 0)
 	c := newCache(t, Config{StaleWindow: time.Hour})
-	k := keyOf(t, q)
-	if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.1"}, nil, nil)), t0); err != nil {
-		t.Fatal(err)
-	}
-	h, st := c.Lookup(k, at(61*time.Second)) // the Hit a refresh carries
-	if st != Expired || !c.Servable(h, at(62*time.Second)) {
-		t.Fatalf("before the flush: %v, servable %v; want expired and servable", st, c.Servable(h, at(62*time.Second)))
+	h, k := expiredHit(t, c)
+	if !c.Servable(h, at(62*time.Second)) {
+		t.Fatal("before the flush: not servable; want servable")
 	}
 	c.Flush()
 	if c.Servable(h, at(62*time.Second)) {
 		t.Fatal("a Hit found before the flush is still servable after it: the flushed answer would be served stale")
 	}
+	q := query("www.example.com.", dns.TypeA, 0)
 	if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.2"}, nil, nil)), at(63*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	h, st = c.Lookup(k, at(124*time.Second))
+	h, st := c.Lookup(k, at(124*time.Second))
 	if st != Expired || !c.Servable(h, at(125*time.Second)) {
 		t.Fatalf("an entry stored after the flush: %v, servable %v; want expired and servable", st, c.Servable(h, at(125*time.Second)))
 	}
@@ -43,16 +39,8 @@ func TestFlushEndsTheStaleAnswersRefreshesCarry(t *testing.T) {
 // a flush, as Flush promises of every Hit found before it. Before, only
 // the entries still queued at the flush were marked.
 func TestFlushEndsTheStaleAnswerOfAnEvictedEntry(t *testing.T) {
-	q := query("www.example.com.", dns.TypeA, 0)
 	c := newCache(t, Config{Size: MinSize, StaleWindow: time.Hour})
-	k := keyOf(t, q)
-	if err := c.Store(k, pack(t, answer(t, q, dns.RcodeSuccess, []string{"www.example.com. 60 IN A 192.0.2.1"}, nil, nil)), t0); err != nil {
-		t.Fatal(err)
-	}
-	h, st := c.Lookup(k, at(61*time.Second)) // the Hit a refresh carries
-	if st != Expired {
-		t.Fatalf("state %v, want expired", st)
-	}
+	h, k := expiredHit(t, c)
 	for i := 0; i < 100000; i++ { // other names fill the cache until it is evicted
 		if e := c.shardOf(k.Hash).find(k.Hash); e == nil || e != h.e { // looked at without a hit
 			break
