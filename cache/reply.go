@@ -100,7 +100,7 @@ func readReply(msg, key []byte, cfg *Config) (reply, error) {
 	}
 	sec, ok := wire.ReadSections(msg, qend)
 	switch {
-	case !ok, sec.Sigs > 1, sec.Sigs == 1 && sec.SigStart == 0: // a signature not last (RFC 8945 §5.1)
+	case !ok, sec.SigMisplaced():
 		return r, ErrMalformed
 	case flags&wire.FlagTC != 0:
 		return r, ErrTruncated

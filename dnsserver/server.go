@@ -523,7 +523,7 @@ func (s *Server) parse(q *Query, pkt []byte, network string) bool {
 		q.setEDNS(sec.OPT) // bytes after it or not: its FORMERR carries an OPT too
 		q.Signed = sec.SigStart != 0
 	}
-	if !ok || sec.End != len(pkt) || sec.Sigs > 1 || sec.Sigs == 1 && !q.Signed { // a signature not last (RFC 8945 §5.1)
+	if !ok || sec.End != len(pkt) || sec.SigMisplaced() {
 		q.Malformed = true
 	}
 	return true

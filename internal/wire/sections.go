@@ -46,6 +46,10 @@ type Sections struct {
 	Sigs int
 }
 
+// SigMisplaced reports whether the message holds a transaction signature
+// that is not its last record, or more than one: malformed (RFC 8945 §5.1).
+func (s Sections) SigMisplaced() bool { return s.Sigs > 1 || s.Sigs == 1 && s.SigStart == 0 }
+
 // Relayed returns where the records a relay passes on end (from the
 // question's end) and how many of them are additional records: every
 // record before the OPT record, or before a transaction signature. Both
